@@ -1,0 +1,43 @@
+# Two commands do everything on a fresh machine:
+#   make run   - create .venv, install, run the default experiment (params.yaml) offline
+#   make test  - create/refresh .venv if needed, run the test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# The offline dataset mirror beside the checkout (read-only; files are decompressed into data/).
+SHARED_DATA := $(abspath ../shared/data)
+ifneq ($(wildcard $(SHARED_DATA)/fashion-mnist),)
+export FEDCME_DATA_MIRROR ?= $(SHARED_DATA)
+endif
+
+# No telemetry or analytics calls from the stack (offline machines, quiet logs).
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+
+EXPERIMENT ?= default
+CONFIG ?= params.yaml
+
+.PHONY: install run test clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/fedcme simulate --config $(CONFIG) --experiment $(EXPERIMENT)
+
+test: install
+	$(PY) -m pytest
+
+clean:
+	rm -rf runs .pytest_cache

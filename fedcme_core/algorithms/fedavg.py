@@ -1,0 +1,12 @@
+"""FedAvg (McMahan et al., 2017): local loss = CE(w(x), y); aggregation by data size.
+
+Everything FedAvg needs is the default behaviour of :class:`~.base.Algorithm`.
+"""
+
+from __future__ import annotations
+
+from .base import Algorithm
+
+
+class FedAvg(Algorithm):
+    name = "fedavg"

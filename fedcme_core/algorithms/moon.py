@@ -1,0 +1,49 @@
+"""MOON (Li, He and Song, CVPR 2021): model-contrastive learning.
+
+    L = CE(w(x), y) + mu * CE([cos(z, z_glob), cos(z, z_prev)] / tau, 0)
+
+z is the projection-head output of the local model ([B, p], what ``features`` returns),
+z_glob that of the frozen global model w^t, z_prev that of the client's previous local
+model (the global model when the client has none yet). The previous model is per-client
+state kept on disk between rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..models import SplitModel
+from ..training import ClientHooks
+from .base import Algorithm, ClientContext, frozen_copy
+
+
+class ContrastiveHooks(ClientHooks):
+    def __init__(self, global_model: SplitModel, previous_model: SplitModel, mu: float, tau: float) -> None:
+        self.global_model = global_model
+        self.previous_model = previous_model
+        self.mu = mu
+        self.tau = tau
+
+    def extra_loss(self, inputs, labels, features, logits) -> torch.Tensor:
+        with torch.no_grad():
+            global_projection = self.global_model.features(inputs)  # [B, p]
+            previous_projection = self.previous_model.features(inputs)  # [B, p]
+        positive = F.cosine_similarity(features, global_projection, dim=-1)  # [B]
+        negative = F.cosine_similarity(features, previous_projection, dim=-1)  # [B]
+        contrast_logits = torch.stack([positive, negative], dim=1) / self.tau  # [B, 2]
+        targets = torch.zeros(features.shape[0], dtype=torch.long, device=features.device)
+        return self.mu * F.cross_entropy(contrast_logits, targets)
+
+
+class Moon(Algorithm):
+    name = "moon"
+    keeps_client_state = True
+
+    def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
+        if self.config.mu == 0:
+            return ClientHooks()
+        global_model = frozen_copy(model, context.global_state)
+        previous_state = context.previous_state if context.previous_state is not None else context.global_state
+        previous_model = frozen_copy(model, previous_state)
+        return ContrastiveHooks(global_model, previous_model, self.config.mu, self.config.tau)

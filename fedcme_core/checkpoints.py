@@ -1,0 +1,58 @@
+"""Atomic, safe checkpoint files.
+
+Every file is written to a temporary name in its own folder and renamed into place, so a
+crash never leaves a half-written file under the final name, and every load uses
+``torch.load(..., weights_only=True)``: only tensors and plain containers, never pickled code.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated or not a checkpoint; the message names it."""
+
+
+def atomic_write_bytes(path: str | Path, payload: bytes) -> None:
+    """Write `payload` to `path` all at once: temp file + fsync + rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
+    """torch.save `payload` (tensors and plain containers) atomically to `path`."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint` (weights_only); errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # torch raises RuntimeError/UnpicklingError/EOFError/zipfile errors
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupted?): {reason}") from None
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path}: not a checkpoint written by fedcme (top level is {type(payload).__name__})")
+    return payload

@@ -1,0 +1,267 @@
+"""Typed, frozen experiment configuration (pydantic v2), loaded from ``params.yaml``.
+
+One config class per algorithm, chosen by ``algorithm.name`` (a discriminated union), so
+each algorithm owns exactly its hyper-parameters: FedProx its ``mu``, MOON ``mu``/``tau``,
+FedRS ``alpha``/``scaling``, FedCME ``mu``/``exchange``/``matching``/``eval_fraction``.
+Defaults follow ``SPEC.md`` (MOON's CIFAR-10 local-training settings, the paper's grid).
+Every bad value is reported as one line naming the key and the reason (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .models import MODEL_INPUT_SHAPES
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is invalid; the message names the key and the reason."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class SyntheticConfig(_Frozen):
+    """Class-dependent random patterns, for fast tests (any shape)."""
+
+    num_train: int = Field(2000, ge=10)
+    num_test: int = Field(500, ge=10)
+    shape: tuple[int, int, int] = (1, 28, 28)
+    noise: float = Field(1.0, ge=0)
+
+
+class DataConfig(_Frozen):
+    dataset: Literal["fmnist", "cifar10", "synthetic"] = "fmnist"
+    # Local mirror folder (holding fashion-mnist/ and cifar-10/); None: env FEDCME_DATA_MIRROR, else download.
+    mirror: str | None = None
+    # The project's own data folder, where the mirror's files are decompressed or downloaded.
+    data_dir: str = "data/raw"
+    # Seeded random subsets of the splits (None: the whole split).
+    train_subset: int | None = Field(None, ge=10)
+    test_subset: int | None = Field(None, ge=10)
+    synthetic: SyntheticConfig = SyntheticConfig()
+
+
+class PartitionConfig(_Frozen):
+    """Label skew + quantity skew: NIID-Bench label-dir by default (SPEC.md, Data)."""
+
+    method: Literal["dirichlet", "iid", "lognormal_dirichlet"] = "dirichlet"
+    alpha: float = Field(0.1, gt=0)
+    min_size: int = Field(10, ge=1)
+    sigma: float = Field(0.3, gt=0)
+
+
+class FederationConfig(_Frozen):
+    num_clients: int = Field(50, ge=1, description="K")
+    clients_per_round: int = Field(20, ge=1, description="M")
+    rounds: int = Field(100, ge=1, description="T")
+
+    @model_validator(mode="after")
+    def _selected_within_clients(self) -> FederationConfig:
+        if self.clients_per_round > self.num_clients:
+            raise ValueError(
+                f"clients_per_round (M={self.clients_per_round}) must be <= num_clients (K={self.num_clients})"
+            )
+        return self
+
+
+class TrainingConfig(_Frozen):
+    """Local SGD of every algorithm (SPEC.md, Local training)."""
+
+    local_epochs: int = Field(10, ge=1, description="E")
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(0.01, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(1e-5, ge=0)
+
+
+class ModelConfig(_Frozen):
+    name: Literal["fmnist_cnn", "cifar_cnn"] = "fmnist_cnn"
+    # MOON's projection head output size; None: 256 for MOON, no head for the others.
+    projection_dim: int | None = Field(None, ge=1)
+
+
+class FedAvgConfig(_Frozen):
+    name: Literal["fedavg"] = "fedavg"
+
+
+class FedProxConfig(_Frozen):
+    name: Literal["fedprox"] = "fedprox"
+    mu: float = Field(0.01, ge=0)
+
+
+class MoonConfig(_Frozen):
+    name: Literal["moon"] = "moon"
+    mu: float = Field(1.0, ge=0)
+    tau: float = Field(0.5, gt=0)
+
+
+class FedRSConfig(_Frozen):
+    name: Literal["fedrs"] = "fedrs"
+    alpha: float = Field(0.5, gt=0, le=1)
+    # presence: s_c = 1 if the client holds c else alpha (the paper);
+    # proportional: s_c = alpha + (1 - alpha) * n_c / max_j n_j (the authors' code).
+    scaling: Literal["presence", "proportional"] = "presence"
+
+
+class FedCMEConfig(_Frozen):
+    name: Literal["fedcme"] = "fedcme"
+    mu: float = Field(0.01, ge=0, description="feature-alignment weight; 0 disables alignment")
+    exchange: Literal["none", "classifier", "extractor", "model"] = "classifier"
+    matching: Literal["pairwise", "many_to_one"] = "pairwise"
+    eval_fraction: float = Field(0.2, gt=0, le=1)
+    align_reduction: Literal["mean", "sum"] = "mean"
+
+
+AlgorithmConfig = Annotated[
+    Union[FedAvgConfig, FedProxConfig, MoonConfig, FedRSConfig, FedCMEConfig],
+    Field(discriminator="name"),
+]
+ALGORITHM_NAMES = ("fedavg", "fedprox", "moon", "fedrs", "fedcme")
+
+
+class ExperimentConfig(_Frozen):
+    seed: int = Field(0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    data: DataConfig = DataConfig()
+    partition: PartitionConfig = PartitionConfig()
+    federation: FederationConfig = FederationConfig()
+    training: TrainingConfig = TrainingConfig()
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig = FedCMEConfig()
+
+    @model_validator(mode="after")
+    def _cross_field_checks(self) -> ExperimentConfig:
+        algorithm = self.algorithm
+        if isinstance(algorithm, FedCMEConfig) and algorithm.exchange != "none" and self.training.local_epochs < 2:
+            raise ValueError(
+                f"training.local_epochs: FedCME with exchange '{algorithm.exchange}' needs at least 2 local epochs "
+                f"(it swaps after floor(E/2)), got {self.training.local_epochs}"
+            )
+        expected_shape = MODEL_INPUT_SHAPES[self.model.name]
+        if self.input_shape != expected_shape:
+            raise ValueError(
+                f"model.name: {self.model.name} expects inputs {expected_shape}, "
+                f"but data.dataset {self.data.dataset} gives {self.input_shape}"
+            )
+        if self.data.dataset == "synthetic" and self.partition.min_size * self.federation.num_clients > self.data.synthetic.num_train:
+            raise ValueError(
+                f"partition.min_size: {self.federation.num_clients} clients x {self.partition.min_size} samples "
+                f"exceed data.synthetic.num_train ({self.data.synthetic.num_train})"
+            )
+        return self
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return {"fmnist": (1, 28, 28), "cifar10": (3, 32, 32)}.get(self.data.dataset, self.data.synthetic.shape)
+
+    @property
+    def projection_dim(self) -> int | None:
+        """MOON's projection head size (256 unless set); None for models without a head."""
+        if self.model.projection_dim is not None:
+            return self.model.projection_dim
+        return 256 if isinstance(self.algorithm, MoonConfig) else None
+
+    def flat(self) -> dict[str, Any]:
+        """The config as {"training.lr": 0.01, ...} (for tracking and grids)."""
+        return flatten(self.model_dump(mode="json"))
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _format_location(location: tuple) -> str:
+    # Discriminated unions put the tag in the path: ("algorithm", "fedprox", "mu") -> algorithm.mu
+    parts = [str(part) for part in location]
+    if len(parts) >= 2 and parts[0] == "algorithm" and parts[1] in ALGORITHM_NAMES:
+        parts = [parts[0], *parts[2:]]
+    return ".".join(parts)
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    """One line: `source: key: reason; key: reason`."""
+    messages = []
+    for detail in error.errors(include_url=False):
+        message = detail["msg"].removeprefix("Value error, ")
+        location = _format_location(detail["loc"])
+        if detail["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif detail["type"] == "union_tag_invalid":
+            message = f"unknown algorithm {detail['input'].get('name')!r}; choose one of {', '.join(ALGORITHM_NAMES)}"
+            location = "algorithm.name"
+        elif detail["type"] == "union_tag_not_found":
+            location, message = "algorithm.name", "missing; choose one of " + ", ".join(ALGORITHM_NAMES)
+        if location and not message.startswith(location):
+            message = f"{location}: {message}"
+        messages.append(message)
+    return f"{source}: " + "; ".join(messages)
+
+
+def config_from_dict(values: Mapping[str, Any], source: str = "config") -> ExperimentConfig:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys, got {type(values).__name__}")
+    try:
+        return ExperimentConfig.model_validate(dict(values))
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, source)) from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read config file ({error})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+
+
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ExperimentConfig:
+    """Load and validate a config file; `overrides` are dotted keys ({"training.lr": 0.1})."""
+    values = read_yaml(path)
+    if values is None:
+        values = {}
+    if overrides:
+        values = apply_overrides(values, overrides)
+    return config_from_dict(values, source=str(path))
+
+
+def apply_overrides(values: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the nested mapping `values` with dotted `overrides` set."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"config: the top level must be a mapping of keys, got {type(values).__name__}")
+    result = _deep_copy(values)
+    for dotted, value in overrides.items():
+        node = result
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{dotted}: cannot set a key below {part!r}, which is not a mapping")
+            node = child
+        node[leaf] = value
+    return result
+
+
+def _deep_copy(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: _deep_copy(value) if isinstance(value, Mapping) else value for key, value in values.items()}

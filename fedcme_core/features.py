@@ -1,0 +1,161 @@
+"""Local features, global features with memory, and the feature-alignment loss of FedCME.
+
+Nie et al., "FedCME", arXiv:2307.08574, Eqs. 5-9 (SPEC steps 7, 8, 9):
+zeta_k[c] = mean_{x in D_k,c} theta_k(x);  zeta[c] = sum_k (D_k / sum_j D_j) zeta_k[c];
+L = CE(w(x), y) + mu * mean_{c in B, d} (mean_{i in B_c} theta(x_i) - zeta[c])^2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedcme_core.evaluation import eval_mode, model_device
+
+
+def local_features(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    batch_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC step 7: class means of `model.features(x)` (eval mode) and class counts.
+
+    Returns (means float32 [C, d] on the CPU, zeros for absent classes; counts int64 [C]).
+    """
+    if len(x) == 0:
+        raise ValueError("cannot compute local features of an empty set")
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    device = model_device(model)
+    feature_sums: torch.Tensor | None = None  # [C, d] float64
+    counts = torch.zeros(num_classes, dtype=torch.int64, device=device)  # [C]
+    with eval_mode(model), torch.inference_mode():
+        for start in range(0, len(x), batch_size):
+            inputs = x[start : start + batch_size].to(device, non_blocking=True)
+            labels = y[start : start + batch_size].to(device, non_blocking=True).long()  # [B]
+            features = model.features(inputs).double()  # [B, d]
+            if feature_sums is None:
+                feature_sums = features.new_zeros(num_classes, features.shape[1])
+            feature_sums.index_add_(0, labels, features)
+            counts += torch.bincount(labels, minlength=num_classes)
+    assert feature_sums is not None
+    means = feature_sums / counts.clamp(min=1).unsqueeze(1).double()  # [C, d]
+    return means.float().cpu(), counts.cpu()
+
+
+@dataclass(frozen=True)
+class GlobalFeatures:
+    """The server's global features zeta: one vector per class, where defined."""
+
+    values: torch.Tensor  # [C, d] float32, zeros where undefined
+    defined: torch.Tensor  # [C] bool
+
+    @classmethod
+    def empty(cls, num_classes: int, dim: int) -> GlobalFeatures:
+        """No class defined (round 0)."""
+        return cls(
+            values=torch.zeros(num_classes, dim, dtype=torch.float32),
+            defined=torch.zeros(num_classes, dtype=torch.bool),
+        )
+
+    @property
+    def any_defined(self) -> bool:
+        return bool(self.defined.any())
+
+    def to(self, device: torch.device | str) -> GlobalFeatures:
+        """A copy on `device` (move once per round, not once per training step)."""
+        return GlobalFeatures(values=self.values.to(device), defined=self.defined.to(device))
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        """Plain CPU tensors, loadable with `torch.load(..., weights_only=True)`."""
+        return {"values": self.values.detach().cpu(), "defined": self.defined.detach().cpu()}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, torch.Tensor]) -> GlobalFeatures:
+        return cls(values=state["values"].float(), defined=state["defined"].bool())
+
+
+def aggregate_global_features(
+    uploads: Sequence[tuple[torch.Tensor, torch.Tensor, float]],
+    previous: GlobalFeatures | None,
+) -> GlobalFeatures:
+    """SPEC step 8: D_k-weighted mean of the clients' class features, with memory.
+
+    `uploads` holds (means [C, d], counts [C], D_k) per client. A client lacking class c
+    (count 0) contributes the previous global value zeta^t[c] when that is defined, and
+    nothing otherwise; weights are renormalised over the clients with a value for c.
+    """
+    if not uploads:
+        raise ValueError("no uploads to aggregate")
+    num_classes, dim = uploads[0][0].shape
+    if previous is not None:
+        previous_values = previous.values.detach().cpu().double()  # [C, d]
+        previous_defined = previous.defined.detach().cpu().bool()  # [C]
+        if previous_values.shape != (num_classes, dim):
+            raise ValueError(
+                f"previous global features have shape {tuple(previous_values.shape)}, "
+                f"uploads have {(num_classes, dim)}"
+            )
+    else:
+        previous_values = torch.zeros(num_classes, dim, dtype=torch.float64)
+        previous_defined = torch.zeros(num_classes, dtype=torch.bool)
+
+    weighted_sum = torch.zeros(num_classes, dim, dtype=torch.float64)  # [C, d]
+    weight_sum = torch.zeros(num_classes, dtype=torch.float64)  # [C]
+    for means, counts, weight in uploads:
+        if means.shape != (num_classes, dim) or counts.shape != (num_classes,):
+            raise ValueError(
+                f"upload shapes {tuple(means.shape)}, {tuple(counts.shape)} differ from "
+                f"{(num_classes, dim)}, {(num_classes,)}"
+            )
+        if not weight > 0:
+            raise ValueError(f"client weights must be positive, got {weight}")
+        holds_class = counts.detach().cpu() > 0  # [C]
+        # Memory mechanism: the previous global feature stands in for a missing class.
+        client_values = torch.where(
+            holds_class.unsqueeze(1), means.detach().cpu().double(), previous_values
+        )  # [C, d]
+        has_value = holds_class | previous_defined  # [C]
+        class_weights = has_value.double() * float(weight)  # [C]
+        weighted_sum += class_weights.unsqueeze(1) * client_values
+        weight_sum += class_weights
+    defined = weight_sum > 0  # [C]
+    values = weighted_sum / weight_sum.clamp(min=torch.finfo(torch.float64).tiny).unsqueeze(1)
+    return GlobalFeatures(values=values.float(), defined=defined)
+
+
+def alignment_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    global_features: GlobalFeatures,
+    reduction: Literal["mean", "sum"] = "mean",
+) -> torch.Tensor | None:
+    """SPEC step 9: L2 between batch class means of `features` and the global features.
+
+    Over the classes present in the batch whose global feature is defined:
+    `F.mse_loss(batch_class_means, zeta[classes], reduction=reduction)`. None when no
+    class qualifies. Gradients flow into `features` only.
+    """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    num_classes = global_features.values.shape[0]
+    defined = global_features.defined.to(features.device)  # [C]
+    one_hot = F.one_hot(labels.to(features.device).long(), num_classes).to(features.dtype)  # [B, C]
+    class_counts = one_hot.sum(dim=0)  # [C]
+    qualifies = (class_counts > 0) & defined  # [C]
+    if not bool(qualifies.any()):
+        return None
+    classes = qualifies.nonzero().squeeze(1)  # [Q]
+    class_sums = one_hot[:, classes].T @ features  # [Q, d]
+    batch_class_means = class_sums / class_counts[classes].unsqueeze(1)  # [Q, d]
+    targets = global_features.values.to(features.device, features.dtype)[classes].detach()  # [Q, d]
+    return F.mse_loss(batch_class_means, targets, reduction=reduction)

@@ -1,0 +1,511 @@
+"""The round of every algorithm, as steps over files in a run directory.
+
+One global round t (SPEC.md, "FedCME round t"; FedAvg and the baselines skip what they
+do not use):
+
+    select -> match -> phase 1 (local training; FedCME: floor(E/2) epochs, swap checkpoint)
+           -> exchange (barrier) -> phase 2 (the remaining epochs) -> upload
+           -> aggregate (model, global features, evaluation vectors) -> evaluate -> commit
+
+Each step is a pure function of (config, run directory, round, client) that reads and
+writes checkpoint files and returns small plain data, so an orchestrator (the Prefect
+flow in ``flows/``, or the in-process :class:`SerialExecutor`) can run the clients of a
+phase in parallel on any worker without live objects crossing. :func:`run_round` is the
+only round loop; an executor only decides where the steps run. A round becomes visible
+when :func:`commit_round` renames the next server state into place, so a run killed
+mid-round resumes from the last committed round with identical results.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from . import data as data_module
+from .aggregation import select_clients, weighted_average
+from .algorithms import Algorithm, ClientContext, build_algorithm
+from .checkpoints import CheckpointError, atomic_write_bytes, load_checkpoint, save_checkpoint
+from .config import ExperimentConfig
+from .evaluation import evaluate
+from .exchange import exchange_checkpoints
+from .features import GlobalFeatures, aggregate_global_features, local_features
+from .matching import eval_subset, evaluation_vector
+from .models import SplitModel, build_model, resolve_device
+from .partition import Partition, class_counts, load_partition, save_partition
+from .seeding import derive_seed, torch_generator
+from .training import load_local_run, save_local_run, start_local_run, train_epochs
+
+
+class RunError(ValueError):
+    """A run directory cannot be used for this config; the message says why."""
+
+
+# ----------------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a run keeps its files (everything under one directory)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def partition(self) -> Path:
+        return self.root / "partition.npz"
+
+    def server_state(self, round_index: int) -> Path:
+        """The server state at the start of round `round_index` (after `round_index` rounds)."""
+        return self.root / "server" / f"round-{round_index:04d}.pt"
+
+    def round_dir(self, round_index: int) -> Path:
+        return self.root / "rounds" / f"{round_index:04d}"
+
+    def swap_checkpoint(self, round_index: int, client_id: int) -> Path:
+        return self.round_dir(round_index) / f"client-{client_id:04d}-swap.pt"
+
+    def exchanged_checkpoint(self, round_index: int, client_id: int) -> Path:
+        return self.round_dir(round_index) / f"client-{client_id:04d}-exchanged.pt"
+
+    def upload(self, round_index: int, client_id: int) -> Path:
+        return self.round_dir(round_index) / f"client-{client_id:04d}-upload.pt"
+
+    def aggregate(self, round_index: int) -> Path:
+        return self.round_dir(round_index) / "aggregate.pt"
+
+    def client_state(self, client_id: int, round_index: int) -> Path:
+        return self.root / "clients" / f"client-{client_id:04d}-round-{round_index:04d}.pt"
+
+
+def completed_rounds(run_dir: str | Path) -> int:
+    """How many rounds the run has committed (0 for a new run)."""
+    server_dir = RunPaths(run_dir).root / "server"
+    rounds = [int(path.stem.removeprefix("round-")) for path in server_dir.glob("round-*.pt")]
+    return max(rounds, default=0)
+
+
+# ------------------------------------------------------------------------------- data
+@functools.lru_cache(maxsize=2)
+def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
+    """The configured dataset (and subsets), loaded once per process."""
+    synthetic = data_config.synthetic
+    dataset = data_module.load_dataset(
+        data_config.dataset,
+        data_dir=Path(data_config.data_dir),
+        mirror=data_module.resolve_mirror(data_config.mirror),
+        synthetic=data_module.SyntheticSpec(
+            num_train=synthetic.num_train,
+            num_test=synthetic.num_test,
+            shape=tuple(synthetic.shape),
+            noise=synthetic.noise,
+            seed=seed,
+        ),
+    )
+    if data_config.train_subset is not None or data_config.test_subset is not None:
+        dataset = data_module.subset(
+            dataset, train=data_config.train_subset, test=data_config.test_subset, seed=derive_seed(seed, "subset")
+        )
+    return dataset
+
+
+@functools.lru_cache(maxsize=4)
+def _load_run_partition(path: str, modified_ns: int) -> Partition:
+    return load_partition(Path(path))
+
+
+def run_partition(config: ExperimentConfig, run_dir: Path) -> tuple[Partition, np.ndarray]:
+    """The run's partition and its class counts [K, C] (cached per process)."""
+    dataset = load_experiment_dataset(config.data, config.seed)
+    path = RunPaths(run_dir).partition
+    partition = _load_run_partition(str(path), path.stat().st_mtime_ns)
+    return partition, class_counts(dataset.y_train.numpy(), partition.clients, dataset.num_classes)
+
+
+def make_partition(config: ExperimentConfig, labels: np.ndarray) -> Partition:
+    return Partition.create(
+        labels,
+        method=config.partition.method,
+        num_clients=config.federation.num_clients,
+        alpha=config.partition.alpha,
+        seed=config.seed,
+        min_size=config.partition.min_size,
+        sigma=config.partition.sigma,
+    )
+
+
+# ---------------------------------------------------------------------- run set-up
+def new_model(config: ExperimentConfig, num_classes: int, device: torch.device | None = None) -> SplitModel:
+    model = build_model(config.model.name, num_classes, config.projection_dim, seed=derive_seed(config.seed, "init"))
+    return model.to(device if device is not None else resolve_device(config.device))
+
+
+def _config_json(config: ExperimentConfig) -> str:
+    """The config that defines a run; `federation.rounds` is left out so a run can be extended."""
+    values = config.model_dump(mode="json")
+    values["federation"].pop("rounds")
+    return json.dumps(values, indent=2, sort_keys=True) + "\n"
+
+
+def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None = None) -> RunPaths:
+    """Create (or reopen) a run directory: config, partition, the round-0 server state.
+
+    Reopening with a different config is refused, so a resumed run is the same experiment.
+    """
+    paths = RunPaths(run_dir)
+    wanted = _config_json(config)
+    if paths.config.exists():
+        if paths.config.read_text(encoding="utf-8") != wanted:
+            raise RunError(f"{paths.root}: holds a run of a different config; use a new experiment name or directory")
+    dataset = load_experiment_dataset(config.data, config.seed)
+    labels = dataset.y_train.numpy()
+    if not paths.partition.exists():
+        if partition_file is not None:
+            partition = load_partition(Path(partition_file), labels=labels)
+            if partition.params["num_clients"] != config.federation.num_clients:
+                raise RunError(
+                    f"{partition_file}: has {partition.params['num_clients']} clients, "
+                    f"the config's federation.num_clients is {config.federation.num_clients}"
+                )
+        else:
+            partition = make_partition(config, labels)
+        save_partition(partition, paths.partition)
+    else:
+        load_partition(paths.partition, labels=labels)
+    if not paths.config.exists():
+        atomic_write_bytes(paths.config, wanted.encode("utf-8"))
+    if completed_rounds(paths.root) == 0 and not paths.server_state(0).exists():
+        model = new_model(config, dataset.num_classes, torch.device("cpu"))
+        save_checkpoint(
+            {
+                "round": 0,
+                "model": model.state_dict(),
+                "global_features": None,
+                "evaluation_vectors": {},
+                "client_state_rounds": {},
+                "history": [],
+            },
+            paths.server_state(0),
+        )
+    return paths
+
+
+def load_server_state(run_dir: str | Path, round_index: int) -> dict[str, Any]:
+    return load_checkpoint(RunPaths(run_dir).server_state(round_index))
+
+
+def phase_epochs(config: ExperimentConfig, algorithm: Algorithm) -> list[tuple[int, int]]:
+    """(first, last) epoch of each local phase: split at floor(E/2) when clients exchange."""
+    epochs = config.training.local_epochs
+    if algorithm.exchanges:
+        return [(0, epochs // 2), (epochs // 2, epochs)]
+    return [(0, epochs)]
+
+
+# --------------------------------------------------------------------------- steps
+def select_step(config: ExperimentConfig, round_index: int) -> list[int]:
+    """SPEC step 1: M of K clients, seeded by (seed, round)."""
+    federation = config.federation
+    return select_clients(federation.num_clients, federation.clients_per_round, seed=config.seed, round_index=round_index)
+
+
+def match_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, selected: list[int]) -> dict[str, Any]:
+    """SPEC step 2 (Algorithm 1, line 8: MakeMatching): pairs and receiver -> donor."""
+    algorithm = build_algorithm(config.algorithm)
+    state = load_server_state(run_dir, round_index)
+    vectors = {int(client): vector.numpy() for client, vector in state["evaluation_vectors"].items()}
+    matching = algorithm.match(selected, vectors, seed=config.seed, round_index=round_index)
+    return {
+        "pairs": [[int(a), int(b)] for a, b in matching.pairs],
+        "donors": {int(receiver): int(donor) for receiver, donor in matching.donors.items()},
+    }
+
+
+def _client_context(config, state, round_index, client_id, counts, run_dir) -> ClientContext:
+    features = state["global_features"]
+    previous = None
+    state_round = state["client_state_rounds"].get(client_id)
+    if state_round is not None:
+        previous = load_checkpoint(RunPaths(run_dir).client_state(client_id, state_round))["model"]
+    return ClientContext(
+        client_id=client_id,
+        round_index=round_index,
+        class_counts=counts[client_id],
+        global_state=state["model"],
+        global_features=GlobalFeatures.from_dict(features) if features is not None else None,
+        previous_state=previous,
+    )
+
+
+def train_phase_step(
+    config: ExperimentConfig,
+    run_dir: str | Path,
+    round_index: int,
+    client_id: int,
+    phase_index: int,
+    start_checkpoint: str | None = None,
+) -> dict[str, Any]:
+    """SPEC steps 4, 6, 7: one client's local phase; the last phase also writes the upload.
+
+    Phase 0 starts from the global model w^t; a later phase resumes `start_checkpoint`
+    (the swap checkpoint, or its exchanged version). Returns small plain data.
+    """
+    run_dir = Path(run_dir)
+    paths = RunPaths(run_dir)
+    algorithm = build_algorithm(config.algorithm)
+    dataset = load_experiment_dataset(config.data, config.seed)
+    partition, counts = run_partition(config, run_dir)
+    state = load_server_state(run_dir, round_index)
+    device = resolve_device(config.device)
+    indices = torch.tensor(partition.clients[client_id])
+    inputs = dataset.x_train[indices].to(device)  # [D_k, C_in, H, W]
+    labels = dataset.y_train[indices].to(device)  # [D_k]
+
+    model = new_model(config, dataset.num_classes, device)
+    phases = phase_epochs(config, algorithm)
+    first_epoch, last_epoch = phases[phase_index]
+    if phase_index == 0:
+        model.load_state_dict(state["model"])
+        run = start_local_run(model, config.training, torch_generator(config.seed, "train", round_index, client_id))
+    else:
+        if start_checkpoint is None:
+            raise RunError(f"phase {phase_index} of client {client_id} needs a start checkpoint")
+        run = load_local_run(start_checkpoint, model, config.training)
+        if run.epochs_done != first_epoch:
+            raise CheckpointError(f"{start_checkpoint}: holds {run.epochs_done} epochs, phase starts at {first_epoch}")
+    context = _client_context(config, state, round_index, client_id, counts, run_dir)
+    hooks = algorithm.client_hooks(model, context)
+
+    started = time.perf_counter()
+    train_epochs(run, inputs, labels, hooks, last_epoch - first_epoch, config.training.batch_size)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    summary = {
+        "client": client_id,
+        "phase": phase_index,
+        "seconds": seconds,
+        "samples": int(labels.shape[0]) * (last_epoch - first_epoch),
+        "loss": run.epoch_losses[-1],
+    }
+    if phase_index < len(phases) - 1:
+        save_local_run(run, paths.swap_checkpoint(round_index, client_id), client=client_id, round=round_index)
+        return summary
+
+    upload: dict[str, Any] = {
+        "client": client_id,
+        "round": round_index,
+        "num_samples": int(labels.shape[0]),
+        "model": {key: value.detach().cpu() for key, value in model.state_dict().items()},
+        "epoch_losses": list(run.epoch_losses),
+    }
+    if algorithm.uses_evaluation_vectors:
+        # SPEC step 7: eps_k^t on a random subset D_eval_k of D_k.
+        subset = eval_subset(
+            labels.cpu().numpy(), config.algorithm.eval_fraction, seed=config.seed, round_index=round_index, client_id=client_id
+        )
+        upload["evaluation_vector"] = torch.from_numpy(
+            evaluation_vector(model, inputs[subset], labels[subset], dataset.num_classes)
+        )
+    if algorithm.uses_global_features:
+        means, feature_counts = local_features(model, inputs, labels, dataset.num_classes)
+        upload["local_features"], upload["feature_counts"] = means, feature_counts
+    if algorithm.keeps_client_state:
+        save_checkpoint({"model": upload["model"]}, paths.client_state(client_id, round_index))
+    save_checkpoint(upload, paths.upload(round_index, client_id))
+    return summary
+
+
+def exchange_step(
+    config: ExperimentConfig, run_dir: str | Path, round_index: int, donors: dict[int, int]
+) -> dict[int, str]:
+    """SPEC step 5 (barrier): returns each client's phase-2 start checkpoint."""
+    paths = RunPaths(run_dir)
+    algorithm = build_algorithm(config.algorithm)
+    clients = {*donors, *donors.values()}
+    sources = {client: paths.swap_checkpoint(round_index, client) for client in clients}
+    destinations = {client: paths.exchanged_checkpoint(round_index, client) for client in donors}
+    if donors:
+        exchange_checkpoints(sources, donors, algorithm.exchange_part, destinations)
+    return {client: str(path) for client, path in destinations.items()}
+
+
+def phase_two_start(run_dir: str | Path, round_index: int, client_id: int, exchanged: dict[int, str]) -> str:
+    return exchanged.get(client_id, str(RunPaths(run_dir).swap_checkpoint(round_index, client_id)))
+
+
+def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, clients: list[int]) -> dict[str, Any]:
+    """SPEC step 8: w^{t+1}, zeta^{t+1} and the evaluation-vector table, to a pending file."""
+    paths = RunPaths(run_dir)
+    algorithm = build_algorithm(config.algorithm)
+    state = load_server_state(run_dir, round_index)
+    uploads = [load_checkpoint(paths.upload(round_index, client)) for client in sorted(clients)]
+    weights = [float(upload["num_samples"]) for upload in uploads]
+    model = weighted_average([upload["model"] for upload in uploads], weights)
+
+    features = state["global_features"]
+    if algorithm.uses_global_features:
+        previous = GlobalFeatures.from_dict(features) if features is not None else None
+        aggregated = aggregate_global_features(
+            [(u["local_features"], u["feature_counts"], w) for u, w in zip(uploads, weights)], previous
+        )
+        features = aggregated.to_dict()
+    vectors = dict(state["evaluation_vectors"])
+    client_state_rounds = dict(state["client_state_rounds"])
+    for upload in uploads:
+        if algorithm.uses_evaluation_vectors:
+            vectors[upload["client"]] = upload["evaluation_vector"]
+        if algorithm.keeps_client_state:
+            client_state_rounds[upload["client"]] = round_index
+    train_loss = float(np.average([upload["epoch_losses"][-1] for upload in uploads], weights=weights))
+    save_checkpoint(
+        {
+            "model": model,
+            "global_features": features,
+            "evaluation_vectors": vectors,
+            "client_state_rounds": client_state_rounds,
+            "train_loss": train_loss,
+        },
+        paths.aggregate(round_index),
+    )
+    return {"train_loss": train_loss, "clients": len(uploads)}
+
+
+def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int) -> dict[str, Any]:
+    """Test-set accuracy and loss of the aggregated global model w^{t+1}."""
+    dataset = load_experiment_dataset(config.data, config.seed)
+    model = new_model(config, dataset.num_classes)
+    model.load_state_dict(load_checkpoint(RunPaths(run_dir).aggregate(round_index))["model"])
+    result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes)
+    return {
+        "test_accuracy": result.accuracy,
+        "test_loss": result.loss,
+        "per_class_accuracy": [float(value) for value in result.per_class_accuracy],
+    }
+
+
+def commit_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, record: dict[str, Any]) -> dict[str, Any]:
+    """Make round t visible: write the server state of round t+1, then drop round t's scratch files."""
+    paths = RunPaths(run_dir)
+    previous = load_server_state(run_dir, round_index)
+    pending = load_checkpoint(paths.aggregate(round_index))
+    history = [*previous["history"], record]
+    save_checkpoint(
+        {
+            "round": round_index + 1,
+            "model": pending["model"],
+            "global_features": pending["global_features"],
+            "evaluation_vectors": pending["evaluation_vectors"],
+            "client_state_rounds": pending["client_state_rounds"],
+            "history": history,
+        },
+        paths.server_state(round_index + 1),
+    )
+    paths.server_state(round_index).unlink(missing_ok=True)
+    shutil.rmtree(paths.round_dir(round_index), ignore_errors=True)
+    for client, state_round in previous["client_state_rounds"].items():
+        if pending["client_state_rounds"].get(client) != state_round:
+            paths.client_state(client, state_round).unlink(missing_ok=True)
+    return record
+
+
+# ------------------------------------------------------------------------ the round
+class Executor(Protocol):
+    """Where the steps of a round run: in-process, or as orchestrator tasks."""
+
+    def call(self, step: str, function: Callable[..., Any], *args: Any) -> Any: ...
+
+    def map(self, step: str, function: Callable[..., Any], arguments: Sequence[tuple]) -> list[Any]: ...
+
+
+class SerialExecutor:
+    """Runs every step in this process, clients one after another."""
+
+    def call(self, step: str, function: Callable[..., Any], *args: Any) -> Any:
+        return function(*args)
+
+    def map(self, step: str, function: Callable[..., Any], arguments: Sequence[tuple]) -> list[Any]:
+        return [function(*args) for args in arguments]
+
+
+def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, executor: Executor) -> dict[str, Any]:
+    """One global round of any algorithm (the only round loop body); returns its record."""
+    run_dir = str(run_dir)
+    algorithm = build_algorithm(config.algorithm)
+    round_started = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def timed(name: str, action: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        result = action()
+        timings[f"{name}_seconds"] = time.perf_counter() - started
+        return result
+
+    selected = executor.call("select", select_step, config, round_index)
+    matching = executor.call("match", match_step, config, run_dir, round_index, selected)
+    phases = phase_epochs(config, algorithm)
+    summaries = timed("phase1", lambda: executor.map(
+        "train_phase", train_phase_step, [(config, run_dir, round_index, client, 0, None) for client in selected]
+    ))
+    if len(phases) == 2:
+        donors = {int(receiver): int(donor) for receiver, donor in matching["donors"].items()}
+        exchanged = timed("exchange", lambda: executor.call("exchange", exchange_step, config, run_dir, round_index, donors))
+        summaries += timed("phase2", lambda: executor.map(
+            "train_phase",
+            train_phase_step,
+            [
+                (config, run_dir, round_index, client, 1, phase_two_start(run_dir, round_index, client, exchanged))
+                for client in selected
+            ],
+        ))
+    aggregate = timed("aggregate", lambda: executor.call("aggregate", aggregate_step, config, run_dir, round_index, selected))
+    metrics = timed("evaluate", lambda: executor.call("evaluate", evaluate_step, config, run_dir, round_index))
+    record = {
+        "round": round_index,
+        "selected": [int(client) for client in selected],
+        "pairs": matching["pairs"],
+        "train_loss": aggregate["train_loss"],
+        **metrics,
+        "client_train_seconds": float(sum(summary["seconds"] for summary in summaries)),
+        "samples_trained": int(sum(summary["samples"] for summary in summaries)),
+        **timings,
+    }
+    record["round_seconds"] = time.perf_counter() - round_started
+    return executor.call("commit", commit_round, config, run_dir, round_index, record)
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    run_dir: str | Path,
+    executor: Executor | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    partition_file: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Train for config.federation.rounds rounds (resuming a partial run); returns the history."""
+    executor = executor or SerialExecutor()
+    prepare_run(config, run_dir, partition_file)
+    for round_index in range(completed_rounds(run_dir), config.federation.rounds):
+        record = run_round(config, run_dir, round_index, executor)
+        if on_round is not None:
+            on_round(record)
+    return load_server_state(run_dir, completed_rounds(run_dir))["history"]
+
+
+def final_model(config: ExperimentConfig, run_dir: str | Path) -> SplitModel:
+    """The global model after the last committed round."""
+    dataset = load_experiment_dataset(config.data, config.seed)
+    model = new_model(config, dataset.num_classes, torch.device("cpu"))
+    model.load_state_dict(load_server_state(run_dir, completed_rounds(run_dir))["model"])
+    return model

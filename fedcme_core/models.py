@@ -1,0 +1,124 @@
+"""Models of the FedCME experiments, split into feature extractor and classifier.
+
+FedCME (Nie et al., arXiv:2307.08574) writes a model as w = (theta, phi): theta is the
+feature extractor (every layer up to the penultimate representation, whose output is the
+*feature*), phi the classifier (the final linear layer). Classifier exchange swaps phi,
+feature alignment acts on theta's output, so every model here exposes
+
+    logits = model.classify(model.features(x)),   features: [B, d],  logits: [B, C]
+
+and names its classifier parameters ``classifier.*``. MOON's variant inserts a projection
+head (linear d->d, ReLU, linear d->p) between the backbone and the classifier, as in
+MOON's official code; the projection is then part of theta and the classifier reads the
+p-dimensional projection.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+MODEL_NAMES = ("fmnist_cnn", "cifar_cnn")
+CLASSIFIER_PREFIX = "classifier."
+DeviceSetting = Literal["auto", "cpu", "cuda"]
+
+# Input shape each architecture is built for: (channels, height, width).
+MODEL_INPUT_SHAPES: dict[str, tuple[int, int, int]] = {
+    "fmnist_cnn": (1, 28, 28),
+    "cifar_cnn": (3, 32, 32),
+}
+
+
+class SplitModel(nn.Module):
+    """A backbone, an optional projection head (MOON) and a linear classifier."""
+
+    def __init__(self, backbone: nn.Module, backbone_dim: int, num_classes: int, projection_dim: int | None = None):
+        super().__init__()
+        self.backbone = backbone
+        if projection_dim is None:
+            self.projection = None
+            self.feature_dim = backbone_dim
+        else:
+            self.projection = nn.Sequential(
+                nn.Linear(backbone_dim, backbone_dim), nn.ReLU(), nn.Linear(backbone_dim, projection_dim)
+            )
+            self.feature_dim = projection_dim
+        self.classifier = nn.Linear(self.feature_dim, num_classes)
+        self.num_classes = num_classes
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """theta(x): [B, C_in, H, W] -> [B, d]."""
+        hidden = self.backbone(x)  # [B, backbone_dim]
+        if self.projection is not None:
+            hidden = self.projection(hidden)  # [B, projection_dim]
+        return hidden
+
+    def classify(self, features: torch.Tensor) -> torch.Tensor:
+        """phi(h): [B, d] -> logits [B, num_classes]."""
+        return self.classifier(features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.features(x))
+
+
+def _fmnist_backbone() -> tuple[nn.Module, int]:
+    # The CNN of the FedAvg paper: 1x28x28 -> 32x12x12 -> 64x4x4 -> 1024 -> 512.
+    return (
+        nn.Sequential(
+            nn.Conv2d(1, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(64 * 4 * 4, 512), nn.ReLU(),
+        ),
+        512,
+    )
+
+
+def _cifar_backbone() -> tuple[nn.Module, int]:
+    # "simple-cnn" of MOON / NIID-Bench: 3x32x32 -> 6x14x14 -> 16x5x5 -> 400 -> 120 -> 84.
+    return (
+        nn.Sequential(
+            nn.Conv2d(3, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+        ),
+        84,
+    )
+
+
+_BACKBONES = {"fmnist_cnn": _fmnist_backbone, "cifar_cnn": _cifar_backbone}
+
+
+def build_model(name: str, num_classes: int = 10, projection_dim: int | None = None, seed: int | None = None) -> SplitModel:
+    """Build a model by name; with `seed`, its initial weights are a function of the seed alone."""
+    if name not in _BACKBONES:
+        raise ValueError(f"model.name: unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    fork_devices: list = []
+    with torch.random.fork_rng(devices=fork_devices, enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        backbone, backbone_dim = _BACKBONES[name]()
+        return SplitModel(backbone, backbone_dim, num_classes, projection_dim)
+
+
+def is_classifier_key(key: str) -> bool:
+    """True for the state-dict keys of phi (the classifier)."""
+    return key.startswith(CLASSIFIER_PREFIX)
+
+
+def classifier_keys(state: dict) -> list[str]:
+    return [key for key in state if is_classifier_key(key)]
+
+
+def extractor_keys(state: dict) -> list[str]:
+    return [key for key in state if not is_classifier_key(key)]
+
+
+def resolve_device(setting: DeviceSetting = "auto") -> torch.device:
+    """`auto` takes CUDA when present, else the CPU; `cuda` without a GPU is an error."""
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was requested but no CUDA device is available")
+    return torch.device(setting)

@@ -1,0 +1,38 @@
+"""Small shared builders for the tests (tiny tensors, seeded models)."""
+
+from __future__ import annotations
+
+import torch
+
+from fedcme_core.config import TrainingConfig
+from fedcme_core.models import SplitModel, build_model
+from fedcme_core.seeding import torch_generator
+from fedcme_core.training import ClientHooks, LocalRun, start_local_run, train_epochs
+
+TRAINING = TrainingConfig(local_epochs=4, batch_size=16)
+
+
+def tiny_client_data(num_samples: int = 96, seed: int = 0, classes: tuple[int, ...] = (0, 1, 2, 3)):
+    """Learnable 1x28x28 data: each class brightens its own image quadrant-ish band."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.tensor(classes)[torch.randint(len(classes), (num_samples,), generator=generator)]
+    inputs = torch.randn(num_samples, 1, 28, 28, generator=generator) * 0.5
+    for row, label in enumerate(labels.tolist()):
+        inputs[row, 0, 2 * label : 2 * label + 3, :] += 2.0
+    return inputs, labels
+
+
+def fresh_run(seed: int = 0, projection_dim: int | None = None) -> LocalRun:
+    model = build_model("fmnist_cnn", projection_dim=projection_dim, seed=seed)
+    return start_local_run(model, TRAINING, torch_generator(seed, "train", 0, 0))
+
+
+def train(run: LocalRun, data, hooks: ClientHooks | None = None, epochs: int = 2) -> LocalRun:
+    inputs, labels = data
+    train_epochs(run, inputs, labels, hooks or ClientHooks(), epochs, TRAINING.batch_size)
+    return run
+
+
+def same_state(first: SplitModel, second: SplitModel) -> bool:
+    a, b = first.state_dict(), second.state_dict()
+    return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)

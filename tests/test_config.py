@@ -1,0 +1,124 @@
+"""Config: defaults, the algorithm union, and one clear line per bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedcme_core.config import (
+    ConfigError,
+    ExperimentConfig,
+    FedCMEConfig,
+    FedProxConfig,
+    MoonConfig,
+    config_from_dict,
+    load_config,
+)
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "params.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_follow_the_spec():
+    config = ExperimentConfig()
+
+    assert config.training.local_epochs == 10 and config.training.batch_size == 64
+    assert config.training.lr == 0.01 and config.training.momentum == 0.9 and config.training.weight_decay == 1e-5
+    assert isinstance(config.algorithm, FedCMEConfig)
+    assert config.algorithm.exchange == "classifier" and config.algorithm.eval_fraction == 0.2
+    assert config.partition.method == "dirichlet" and config.partition.min_size == 10
+
+
+def test_algorithm_is_selected_by_name_and_owns_its_parameters(tmp_path):
+    path = write(tmp_path, "algorithm:\n  name: fedprox\n  mu: 0.001\n")
+
+    config = load_config(path)
+
+    assert isinstance(config.algorithm, FedProxConfig) and config.algorithm.mu == 0.001
+
+
+def test_moon_gets_a_projection_head_by_default():
+    moon = config_from_dict({"algorithm": {"name": "moon"}})
+    fedavg = config_from_dict({"algorithm": {"name": "fedavg"}})
+
+    assert isinstance(moon.algorithm, MoonConfig) and moon.projection_dim == 256
+    assert fedavg.projection_dim is None
+
+
+def test_config_is_frozen():
+    config = ExperimentConfig()
+
+    with pytest.raises(Exception):
+        config.seed = 3
+
+
+def test_yaml_scientific_notation_without_dot_is_accepted(tmp_path):
+    # PyYAML reads `1e-5` as a string; the config still takes it as a float.
+    config = load_config(write(tmp_path, "training:\n  weight_decay: 1e-5\n"))
+
+    assert config.training.weight_decay == pytest.approx(1e-5)
+
+
+def test_overrides_are_dotted_keys(tmp_path):
+    config = load_config(write(tmp_path, "seed: 1\n"), overrides={"training.local_epochs": 4, "algorithm.name": "fedavg"})
+
+    assert config.training.local_epochs == 4 and config.algorithm.name == "fedavg" and config.seed == 1
+
+
+def test_flat_names_every_leaf():
+    flat = ExperimentConfig().flat()
+
+    assert flat["training.lr"] == 0.01 and flat["algorithm.name"] == "fedcme" and "federation.rounds" in flat
+
+
+BAD_CONFIGS = [
+    ("federation:\n  num_clients: 10\n  clients_per_round: 20\n", "federation: clients_per_round (M=20) must be <= num_clients (K=10)"),
+    ("partition:\n  alpha: 0\n", "partition.alpha"),
+    ("partition:\n  alpha: -0.5\n", "partition.alpha"),
+    ("training:\n  local_epochs: 0\n", "training.local_epochs"),
+    ("training:\n  local_epochs: 1\nalgorithm:\n  name: fedcme\n", "training.local_epochs: FedCME with exchange 'classifier' needs at least 2"),
+    ("data:\n  dataset: mnist\n", "data.dataset"),
+    ("model:\n  name: resnet18\n", "model.name"),
+    ("algorithm:\n  name: scaffold\n", "algorithm.name: unknown algorithm 'scaffold'"),
+    ("algorithm:\n  name: fedprox\n  tau: 0.5\n", "algorithm.tau: unknown key"),
+    ("trainig:\n  lr: 0.1\n", "trainig: unknown key"),
+    ("training:\n  lr: fast\n", "training.lr"),
+    ("federation:\n  rounds: 2.5\n", "federation.rounds"),
+    ("algorithm:\n  name: fedrs\n  alpha: 1.5\n", "algorithm.alpha"),
+    ("algorithm:\n  name: fedcme\n  exchange: half\n", "algorithm.exchange"),
+    ("model:\n  name: cifar_cnn\n", "model.name: cifar_cnn expects inputs (3, 32, 32), but data.dataset fmnist gives (1, 28, 28)"),
+    ("training:\n  lr: .nan\n", "training.lr"),
+    ("algorithm:\n  mu: 0.1\n", "algorithm.name: missing"),
+]
+
+
+@pytest.mark.parametrize("text, expected", BAD_CONFIGS)
+def test_bad_config_names_the_key(tmp_path, text, expected):
+    path = write(tmp_path, text)
+
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+
+    message = str(raised.value)
+    assert expected in message
+    assert message.startswith(str(path))
+    assert "\n" not in message
+
+
+def test_not_yaml_is_one_line_naming_the_file(tmp_path):
+    path = write(tmp_path, "training: [unclosed\n")
+
+    with pytest.raises(ConfigError, match=r"params\.yaml: not valid YAML at line \d+"):
+        load_config(path)
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="missing.yaml: config file not found"):
+        load_config(tmp_path / "missing.yaml")

@@ -1,0 +1,332 @@
+"""Tests for fedcme_core.data: mirror loading and verification, normalisation, synthetic data, subsets."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedcme_core import data as data_module
+from fedcme_core.data import (
+    DATASETS,
+    DataError,
+    Dataset,
+    SyntheticSpec,
+    load_dataset,
+    resolve_mirror,
+    subset,
+)
+
+SHARED_MIRROR = Path(__file__).parents[2] / "shared" / "data"
+FMNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+
+needs_fmnist_mirror = pytest.mark.skipif(
+    not (SHARED_MIRROR / "fashion-mnist").is_dir(), reason=f"no Fashion-MNIST mirror at {SHARED_MIRROR}"
+)
+needs_cifar_mirror = pytest.mark.skipif(
+    not (SHARED_MIRROR / "cifar-10" / "cifar10.npz").is_file(),
+    reason=f"no CIFAR-10 mirror at {SHARED_MIRROR}",
+)
+
+
+@pytest.fixture(scope="session")
+def fmnist(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    return load_dataset("fmnist", data_dir=tmp_path_factory.mktemp("fmnist-data"), mirror=SHARED_MIRROR)
+
+
+@pytest.fixture(scope="session")
+def cifar10(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    return load_dataset("cifar10", data_dir=tmp_path_factory.mktemp("cifar-data"), mirror=SHARED_MIRROR)
+
+
+@pytest.fixture
+def fmnist_mirror_copy(tmp_path: Path) -> Path:
+    """A writable copy of the Fashion-MNIST mirror (the shared one is read-only)."""
+    mirror = tmp_path / "mirror"
+    (mirror / "fashion-mnist").mkdir(parents=True)
+    for name in FMNIST_FILES:
+        shutil.copyfile(SHARED_MIRROR / "fashion-mnist" / name, mirror / "fashion-mnist" / name)
+    return mirror
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    content = bytearray(path.read_bytes())
+    content[offset] ^= 0xFF
+    path.write_bytes(bytes(content))
+
+
+def assert_normalised_split(images: torch.Tensor, labels: torch.Tensor, count: int, shape: tuple) -> None:
+    assert images.shape == (count, *shape)
+    assert images.dtype == torch.float32 and images.is_contiguous()
+    assert labels.shape == (count,)
+    assert labels.dtype == torch.int64 and labels.is_contiguous()
+
+
+# --- real datasets from the mirror -------------------------------------------------------
+
+
+@needs_fmnist_mirror
+def test_fmnist_from_mirror(fmnist: Dataset) -> None:
+    assert fmnist.name == "fmnist"
+    assert_normalised_split(fmnist.x_train, fmnist.y_train, 60000, (1, 28, 28))
+    assert_normalised_split(fmnist.x_test, fmnist.y_test, 10000, (1, 28, 28))
+    assert fmnist.input_shape == (1, 28, 28)
+    assert fmnist.num_classes == 10
+    assert torch.bincount(fmnist.y_train).tolist() == [6000] * 10
+    assert fmnist.y_train[:10].tolist() == [9, 0, 0, 3, 0, 2, 7, 2, 5, 5]
+    assert abs(fmnist.x_train.mean().item()) < 0.01
+    assert abs(fmnist.x_train.std().item() - 1.0) < 0.01
+
+
+@needs_cifar_mirror
+def test_cifar10_from_mirror(cifar10: Dataset) -> None:
+    assert cifar10.name == "cifar10"
+    assert_normalised_split(cifar10.x_train, cifar10.y_train, 50000, (3, 32, 32))
+    assert_normalised_split(cifar10.x_test, cifar10.y_test, 10000, (3, 32, 32))
+    assert cifar10.input_shape == (3, 32, 32)
+    assert cifar10.num_classes == 10
+    assert cifar10.y_train[:10].tolist() == [6, 9, 9, 4, 1, 1, 2, 7, 8, 3]
+    assert cifar10.y_test[:10].tolist() == [3, 8, 8, 0, 6, 6, 1, 6, 3, 1]
+    channel_mean = cifar10.x_train.mean(dim=(0, 2, 3))
+    channel_std = cifar10.x_train.std(dim=(0, 2, 3))
+    assert torch.allclose(channel_mean, torch.zeros(3), atol=0.01)
+    assert torch.allclose(channel_std, torch.ones(3), atol=0.01)
+
+
+@needs_fmnist_mirror
+def test_fmnist_second_load_uses_the_stamp_and_writes_nothing_beside_the_mirror(
+    fmnist_mirror_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data_dir = tmp_path / "data"
+    mirror_before = sorted(p.name for p in (fmnist_mirror_copy / "fashion-mnist").iterdir())
+    first = load_dataset("fmnist", data_dir=data_dir, mirror=fmnist_mirror_copy)
+
+    def no_hashing(path: Path, algorithm: str) -> str:
+        raise AssertionError(f"{path} was hashed again")
+
+    monkeypatch.setattr(data_module, "_file_digest", no_hashing)
+    second = load_dataset("fmnist", data_dir=data_dir, mirror=fmnist_mirror_copy)
+
+    assert torch.equal(first.y_test, second.y_test)
+    assert sorted(p.name for p in fmnist_mirror_copy.iterdir()) == ["fashion-mnist"]
+    assert sorted(p.name for p in (fmnist_mirror_copy / "fashion-mnist").iterdir()) == mirror_before
+    raw = sorted(p.name for p in (data_dir / "FashionMNIST" / "raw").iterdir())
+    assert raw == sorted(name.removesuffix(".gz") for name in FMNIST_FILES)
+    assert (data_dir / "fashion-mnist.verified.json").is_file()
+
+
+@needs_fmnist_mirror
+def test_corrupted_gz_names_the_file_and_both_md5s(fmnist_mirror_copy: Path, tmp_path: Path) -> None:
+    corrupted = fmnist_mirror_copy / "fashion-mnist" / "t10k-labels-idx1-ubyte.gz"
+    flip_byte(corrupted, 100)
+    actual_md5 = hashlib.md5(corrupted.read_bytes()).hexdigest()
+
+    with pytest.raises(DataError) as caught:
+        load_dataset("fmnist", data_dir=tmp_path / "data", mirror=fmnist_mirror_copy)
+
+    message = str(caught.value)
+    assert "t10k-labels-idx1-ubyte.gz" in message
+    assert actual_md5 in message
+    assert "bb300cfdad3c16e7a12a480ee83cd310" in message
+
+
+@needs_fmnist_mirror
+def test_file_changed_after_verification_is_checked_again(fmnist_mirror_copy: Path, tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    load_dataset("fmnist", data_dir=data_dir, mirror=fmnist_mirror_copy)
+    flip_byte(fmnist_mirror_copy / "fashion-mnist" / "train-labels-idx1-ubyte.gz", 200)
+
+    with pytest.raises(DataError, match="train-labels-idx1-ubyte.gz: md5"):
+        load_dataset("fmnist", data_dir=data_dir, mirror=fmnist_mirror_copy)
+
+
+@needs_fmnist_mirror
+def test_missing_mirror_file_is_named(fmnist_mirror_copy: Path, tmp_path: Path) -> None:
+    (fmnist_mirror_copy / "fashion-mnist" / "t10k-images-idx3-ubyte.gz").unlink()
+
+    with pytest.raises(DataError, match="t10k-images-idx3-ubyte.gz is missing"):
+        load_dataset("fmnist", data_dir=tmp_path / "data", mirror=fmnist_mirror_copy)
+
+
+def test_missing_cifar_archive_is_named(tmp_path: Path) -> None:
+    empty_mirror = tmp_path / "mirror"
+    empty_mirror.mkdir()
+
+    with pytest.raises(DataError, match="cifar10.npz is missing"):
+        load_dataset("cifar10", data_dir=tmp_path / "data", mirror=empty_mirror)
+
+
+def test_data_dir_inside_the_mirror_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="inside the read-only data mirror"):
+        load_dataset("fmnist", data_dir=tmp_path / "cache", mirror=tmp_path)
+
+
+def test_download_failure_without_mirror_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline_download(self: object) -> None:
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr(data_module.torchvision.datasets.FashionMNIST, "download", offline_download)
+
+    with pytest.raises(DataError, match="no data mirror configured.*FEDCME_DATA_MIRROR.*download.*failed"):
+        load_dataset("fmnist", data_dir=tmp_path / "data", mirror=None)
+
+
+def test_unknown_dataset_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="unknown dataset 'mnist'"):
+        load_dataset("mnist", data_dir=tmp_path)
+    assert DATASETS == ("fmnist", "cifar10", "synthetic")
+
+
+# --- mirror resolution -------------------------------------------------------------------
+
+
+def test_resolve_mirror_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    configured, from_env = tmp_path / "configured", tmp_path / "env"
+    configured.mkdir()
+    from_env.mkdir()
+    monkeypatch.delenv("FEDCME_DATA_MIRROR", raising=False)
+
+    assert resolve_mirror(None) is None
+    monkeypatch.setenv("FEDCME_DATA_MIRROR", str(from_env))
+    assert resolve_mirror(None) == from_env
+    assert resolve_mirror(str(configured)) == configured
+
+
+def test_missing_configured_mirror_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "no-such-mirror"
+    monkeypatch.delenv("FEDCME_DATA_MIRROR", raising=False)
+
+    with pytest.raises(DataError, match=r"no-such-mirror \(from config key data.mirror\) does not exist"):
+        resolve_mirror(missing)
+    with pytest.raises(DataError, match="no-such-mirror"):
+        load_dataset("fmnist", data_dir=tmp_path / "data", mirror=missing)
+
+
+def test_missing_env_mirror_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEDCME_DATA_MIRROR", str(tmp_path / "gone"))
+
+    with pytest.raises(DataError, match=r"gone \(from env FEDCME_DATA_MIRROR\) does not exist"):
+        resolve_mirror(None)
+
+
+# --- synthetic data ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
+def test_synthetic_shapes_and_normalisation(shape: tuple[int, int, int], tmp_path: Path) -> None:
+    spec = SyntheticSpec(num_train=600, num_test=200, shape=shape, num_classes=10, seed=1)
+
+    dataset = load_dataset("synthetic", data_dir=tmp_path, synthetic=spec)
+
+    assert dataset.name == "synthetic"
+    assert_normalised_split(dataset.x_train, dataset.y_train, 600, shape)
+    assert_normalised_split(dataset.x_test, dataset.y_test, 200, shape)
+    assert dataset.input_shape == shape
+    assert len(dataset.mean) == len(dataset.std) == shape[0]
+    assert torch.allclose(dataset.x_train.mean(dim=(0, 2, 3)), torch.zeros(shape[0]), atol=1e-4)
+    assert torch.allclose(dataset.x_train.std(dim=(0, 2, 3)), torch.ones(shape[0]), atol=1e-3)
+    assert set(dataset.y_train.tolist()) == set(range(10))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_synthetic_is_deterministic_and_seeded(tmp_path: Path) -> None:
+    spec = SyntheticSpec(num_train=300, num_test=100, seed=5)
+
+    first = load_dataset("synthetic", data_dir=tmp_path, synthetic=spec)
+    again = load_dataset("synthetic", data_dir=tmp_path, synthetic=spec)
+    other_spec = SyntheticSpec(num_train=300, num_test=100, seed=6)
+    other = load_dataset("synthetic", data_dir=tmp_path, synthetic=other_spec)
+
+    assert torch.equal(first.x_train, again.x_train) and torch.equal(first.y_test, again.y_test)
+    assert not torch.equal(first.x_train, other.x_train)
+    assert not torch.equal(first.x_train[:100], first.x_test)
+
+
+def test_synthetic_classes_are_separable_by_their_templates(tmp_path: Path) -> None:
+    dataset = load_dataset("synthetic", data_dir=tmp_path, synthetic=SyntheticSpec())
+    class_means = torch.stack([dataset.x_train[dataset.y_train == c].mean(dim=0) for c in range(10)])
+
+    distances = torch.cdist(dataset.x_test.flatten(1), class_means.flatten(1))
+    nearest_template_accuracy = (distances.argmin(dim=1) == dataset.y_test).float().mean().item()
+
+    assert nearest_template_accuracy > 0.9
+
+
+def test_invalid_synthetic_spec_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="synthetic shape"):
+        load_dataset("synthetic", data_dir=tmp_path, synthetic=SyntheticSpec(shape=(28, 28)))
+
+
+# --- subsets ----------------------------------------------------------------------------
+
+
+def indexed_dataset(num_train: int, num_test: int) -> Dataset:
+    """A dataset whose sample i is the constant image i, so a subset shows which rows it kept."""
+
+    def images(count: int) -> torch.Tensor:
+        row_numbers = torch.arange(count, dtype=torch.float32).view(count, 1, 1, 1)
+        return row_numbers.expand(count, 1, 2, 2).contiguous()
+
+    return Dataset(
+        name="indexed",
+        x_train=images(num_train),
+        y_train=torch.arange(num_train) % 3,
+        x_test=images(num_test),
+        y_test=torch.arange(num_test) % 3,
+        num_classes=3,
+        mean=(0.0,),
+        std=(1.0,),
+    )
+
+
+def test_subset_sizes_order_and_determinism() -> None:
+    dataset = indexed_dataset(100, 40)
+
+    small = subset(dataset, train=10, test=None, seed=3)
+    again = subset(dataset, train=10, test=None, seed=3)
+    other = subset(dataset, train=10, test=None, seed=4)
+
+    kept_rows = small.x_train[:, 0, 0, 0].long()
+    assert small.x_train.shape == (10, 1, 2, 2) and small.x_train.is_contiguous()
+    assert torch.all(kept_rows[1:] > kept_rows[:-1])
+    assert torch.equal(small.y_train, kept_rows % 3)
+    assert small.x_test is dataset.x_test
+    assert torch.equal(small.x_train, again.x_train)
+    assert not torch.equal(small.x_train, other.x_train)
+
+
+def test_subset_of_both_splits_and_whole_split() -> None:
+    dataset = indexed_dataset(50, 20)
+
+    both = subset(dataset, train=5, test=7, seed=0)
+    whole = subset(dataset, train=50, test=None, seed=0)
+
+    assert (len(both.y_train), len(both.y_test)) == (5, 7)
+    assert torch.equal(whole.x_train, dataset.x_train)
+
+
+def test_subset_larger_than_split_is_refused() -> None:
+    with pytest.raises(DataError, match=r"test subset size 21 must be an int in \[0, 20\]"):
+        subset(indexed_dataset(50, 20), train=None, test=21, seed=0)
+
+
+def test_dataset_checks_its_tensors() -> None:
+    with pytest.raises(DataError, match="y_train must be int64"):
+        Dataset(
+            name="broken",
+            x_train=torch.zeros(4, 1, 2, 2),
+            y_train=torch.zeros(3, dtype=torch.int64),
+            x_test=torch.zeros(2, 1, 2, 2),
+            y_test=torch.zeros(2, dtype=torch.int64),
+            num_classes=2,
+            mean=(0.0,),
+            std=(1.0,),
+        )

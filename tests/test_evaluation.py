@@ -1,0 +1,119 @@
+"""Tests of fedcme_core.evaluation on a hand-set linear model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedcme_core.evaluation import EvalResult, eval_mode, evaluate
+
+LN3 = math.log(3.0)
+
+
+class IdentityLinearModel(nn.Module):
+    """features(x) = x, classify(h) = h: the inputs are the logits."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.extractor = nn.Linear(dim, dim, bias=False)
+        self.classifier = nn.Linear(dim, dim, bias=False)
+        with torch.no_grad():
+            self.extractor.weight.copy_(torch.eye(dim))
+            self.classifier.weight.copy_(torch.eye(dim))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.extractor(x)
+
+    def classify(self, h: torch.Tensor) -> torch.Tensor:
+        return self.classifier(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.features(x))
+
+
+def hand_set_data() -> tuple[torch.Tensor, torch.Tensor]:
+    # Logits [ln3, 0, 0] give softmax [3/5, 1/5, 1/5]: CE = ln(5/3) if right, ln 5 if wrong.
+    x = torch.tensor(
+        [
+            [LN3, 0.0, 0.0],  # y=0: correct, CE ln(5/3)
+            [LN3, 0.0, 0.0],  # y=1: wrong (predicts 0), CE ln 5
+            [0.0, LN3, 0.0],  # y=1: correct, CE ln(5/3)
+            [0.0, LN3, 0.0],  # y=1: correct, CE ln(5/3)
+        ]
+    )
+    y = torch.tensor([0, 1, 1, 1])
+    return x, y
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 1024])
+def test_evaluate_hand_set_model(batch_size: int) -> None:
+    # Prepare
+    model = IdentityLinearModel(3)
+    x, y = hand_set_data()
+
+    # Execute
+    result = evaluate(model, x, y, num_classes=3, batch_size=batch_size)
+
+    # Assert
+    assert isinstance(result, EvalResult)
+    assert result.num_samples == 4
+    assert result.accuracy == pytest.approx(3 / 4)
+    assert result.loss == pytest.approx((3 * math.log(5 / 3) + math.log(5)) / 4, rel=1e-6)
+    np.testing.assert_allclose(result.per_class_accuracy, [1.0, 2 / 3, 0.0])
+    np.testing.assert_array_equal(result.per_class_count, [1, 3, 0])
+    assert result.per_class_accuracy.dtype == np.float64
+    assert result.per_class_count.dtype == np.int64
+
+
+@pytest.mark.parametrize("was_training", [True, False])
+def test_evaluate_restores_previous_mode(was_training: bool) -> None:
+    # Prepare
+    model = IdentityLinearModel(3)
+    model.train(was_training)
+    model.classifier.train(not was_training)
+    x, y = hand_set_data()
+
+    # Execute
+    evaluate(model, x, y, num_classes=3)
+
+    # Assert
+    assert model.training is was_training
+    assert model.classifier.training is (not was_training)
+
+
+def test_eval_mode_sets_eval_inside() -> None:
+    # Prepare
+    model = IdentityLinearModel(3).train()
+
+    # Execute
+    with eval_mode(model):
+        modes_inside = [module.training for module in model.modules()]
+
+    # Assert
+    assert not any(modes_inside)
+    assert all(module.training for module in model.modules())
+
+
+def test_evaluate_does_not_track_gradients() -> None:
+    # Prepare
+    model = IdentityLinearModel(3)
+    x, y = hand_set_data()
+
+    # Execute
+    evaluate(model, x, y, num_classes=3)
+
+    # Assert
+    assert all(parameter.grad is None for parameter in model.parameters())
+
+
+def test_evaluate_empty_set_raises() -> None:
+    # Prepare
+    model = IdentityLinearModel(3)
+
+    # Execute / Assert
+    with pytest.raises(ValueError):
+        evaluate(model, torch.zeros(0, 3), torch.zeros(0, dtype=torch.int64), num_classes=3)

@@ -1,0 +1,177 @@
+"""Whole rounds in-process: FedCME end to end, degeneracies, exchange barrier, resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedcme_core.checkpoints import load_checkpoint
+from fedcme_core.federation import (
+    RunError,
+    RunPaths,
+    SerialExecutor,
+    completed_rounds,
+    exchange_step,
+    final_model,
+    load_server_state,
+    run_experiment,
+)
+
+from .helpers import same_state
+
+TIMING_KEYS = {"round_seconds", "client_train_seconds", "phase1_seconds", "phase2_seconds", "exchange_seconds",
+               "aggregate_seconds", "evaluate_seconds"}
+
+
+def without_timings(history):
+    return [{key: value for key, value in record.items() if key not in TIMING_KEYS} for record in history]
+
+
+def test_fedcme_two_rounds_end_to_end(tmp_path, synthetic_config):
+    config = synthetic_config()
+
+    history = run_experiment(config, tmp_path / "run")
+
+    assert [record["round"] for record in history] == [0, 1]
+    assert all(len(record["selected"]) == 4 and len(record["pairs"]) == 2 for record in history)
+    assert all(0.0 <= record["test_accuracy"] <= 1.0 and record["test_loss"] > 0 for record in history)
+    state = load_server_state(tmp_path / "run", 2)
+    assert state["global_features"]["defined"].any()
+    assert set(state["evaluation_vectors"]) >= set(history[-1]["selected"])
+    assert not (tmp_path / "run" / "rounds").exists() or not any((tmp_path / "run" / "rounds").iterdir())
+
+
+def test_same_seed_same_result_and_other_seed_differs(tmp_path, synthetic_config):
+    run_experiment(synthetic_config(), tmp_path / "a")
+    run_experiment(synthetic_config(), tmp_path / "b")
+    run_experiment(synthetic_config({"seed": 4}), tmp_path / "c")
+
+    a, b, c = (final_model(synthetic_config({"seed": s}), tmp_path / d) for s, d in ((3, "a"), (3, "b"), (4, "c")))
+    assert same_state(a, b)
+    assert not same_state(a, c)
+
+
+DEGENERATE = [
+    ({"name": "fedprox", "mu": 0.0}, {}),
+    ({"name": "fedrs", "alpha": 1.0}, {}),
+    ({"name": "moon", "mu": 0.0}, {"model.projection_dim": 256}),
+    ({"name": "fedcme", "exchange": "none", "mu": 0.0}, {}),
+]
+
+
+@pytest.mark.parametrize("algorithm, backbone", DEGENERATE, ids=lambda v: v.get("name", "") if isinstance(v, dict) else "")
+def test_degenerate_settings_equal_fedavg_exactly(tmp_path, synthetic_config, algorithm, backbone):
+    fedavg = synthetic_config(backbone, algorithm={"name": "fedavg"})
+    degenerate = synthetic_config(backbone, algorithm=algorithm)
+
+    fedavg_history = run_experiment(fedavg, tmp_path / "fedavg")
+    degenerate_history = run_experiment(degenerate, tmp_path / "degenerate")
+
+    assert same_state(final_model(fedavg, tmp_path / "fedavg"), final_model(degenerate, tmp_path / "degenerate"))
+    assert [r["test_loss"] for r in fedavg_history] == [r["test_loss"] for r in degenerate_history]
+
+
+def test_exchange_without_alignment_changes_the_result(tmp_path, synthetic_config):
+    fedavg = synthetic_config(algorithm={"name": "fedavg"})
+    exchanging = synthetic_config(algorithm={"name": "fedcme", "mu": 0.0, "exchange": "classifier"})
+
+    run_experiment(fedavg, tmp_path / "fedavg")
+    run_experiment(exchanging, tmp_path / "exchange")
+
+    assert not same_state(final_model(fedavg, tmp_path / "fedavg"), final_model(exchanging, tmp_path / "exchange"))
+
+
+class InspectingExecutor(SerialExecutor):
+    """Checks, right after each exchange barrier, that receivers hold their donor's classifier."""
+
+    def __init__(self):
+        self.checked_pairs = 0
+
+    def call(self, step, function, *args):
+        result = function(*args)
+        if function is exchange_step:
+            config, run_dir, round_index, donors = args
+            paths = RunPaths(run_dir)
+            for receiver, donor in donors.items():
+                phase_two = load_checkpoint(result[receiver])["model"]
+                donor_swap = load_checkpoint(paths.swap_checkpoint(round_index, donor))["model"]
+                own_swap = load_checkpoint(paths.swap_checkpoint(round_index, receiver))["model"]
+                assert torch.equal(phase_two["classifier.weight"], donor_swap["classifier.weight"])
+                assert torch.equal(phase_two["backbone.0.weight"], own_swap["backbone.0.weight"])
+                self.checked_pairs += 1
+        return result
+
+
+def test_phase_two_starts_from_the_counterparts_classifier(tmp_path, synthetic_config):
+    executor = InspectingExecutor()
+
+    run_experiment(synthetic_config(), tmp_path / "run", executor)
+
+    assert executor.checked_pairs == 8  # 2 rounds x 2 pairs x both directions
+
+
+class CrashingExecutor(SerialExecutor):
+    """Dies like a killed process at the first `step` call of round `round_index`."""
+
+    def __init__(self, step, round_index):
+        self.step, self.round_index = step, round_index
+
+    def _maybe_crash(self, step, args):
+        if step == self.step and args[2] == self.round_index:
+            raise KeyboardInterrupt("simulated kill")
+
+    def call(self, step, function, *args):
+        self._maybe_crash(step, args)
+        return function(*args)
+
+    def map(self, step, function, arguments):
+        results = []
+        for args in arguments:
+            if len(results) == 1:
+                self._maybe_crash(step, args)
+            results.append(function(*args))
+        return results
+
+
+@pytest.mark.parametrize("step", ["exchange", "train_phase", "commit"])
+def test_resume_after_a_crash_mid_round_equals_an_uninterrupted_run(tmp_path, synthetic_config, step):
+    config = synthetic_config({"algorithm.name": "fedcme", "federation.rounds": 3})
+    straight = run_experiment(config, tmp_path / "straight")
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, tmp_path / "crashed", CrashingExecutor(step, round_index=1))
+    assert completed_rounds(tmp_path / "crashed") == 1
+    resumed = run_experiment(config, tmp_path / "crashed")
+
+    assert without_timings(resumed) == without_timings(straight)
+    assert same_state(final_model(config, tmp_path / "straight"), final_model(config, tmp_path / "crashed"))
+
+
+def test_moon_resumes_with_the_right_previous_models(tmp_path, synthetic_config):
+    config = synthetic_config({"federation.rounds": 3, "federation.clients_per_round": 5},
+                              algorithm={"name": "moon", "mu": 1.0})
+    straight = run_experiment(config, tmp_path / "straight")
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, tmp_path / "crashed", CrashingExecutor("commit", round_index=2))
+    resumed = run_experiment(config, tmp_path / "crashed")
+
+    assert without_timings(resumed) == without_timings(straight)
+    kept = sorted(path.name for path in (tmp_path / "crashed" / "clients").iterdir())
+    assert len(kept) == len({name.split("-round-")[0] for name in kept})  # one state per client
+
+
+def test_extending_a_run_continues_from_its_last_round(tmp_path, synthetic_config):
+    straight = run_experiment(synthetic_config({"federation.rounds": 3}), tmp_path / "straight")
+
+    run_experiment(synthetic_config({"federation.rounds": 1}), tmp_path / "extended")
+    extended = run_experiment(synthetic_config({"federation.rounds": 3}), tmp_path / "extended")
+
+    assert without_timings(extended) == without_timings(straight)
+
+
+def test_a_run_directory_refuses_another_config(tmp_path, synthetic_config):
+    run_experiment(synthetic_config({"federation.rounds": 1}), tmp_path / "run")
+
+    with pytest.raises(RunError, match="holds a run of a different config"):
+        run_experiment(synthetic_config({"federation.rounds": 1, "training.lr": 0.05}), tmp_path / "run")
