@@ -10,8 +10,10 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -20,20 +22,27 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated or not a checkpoint; the message names it."""
 
 
-def atomic_write_bytes(path: str | Path, payload: bytes) -> None:
-    """Write `payload` to `path` all at once: temp file + fsync + rename."""
+@contextmanager
+def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary handle whose content replaces `path` (temp file + fsync + rename) only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(payload)
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | Path, payload: bytes) -> None:
+    """Write `payload` to `path` all at once: a crash leaves the old file or the new one."""
+    with atomic_writer(path) as handle:
+        handle.write(payload)
 
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:

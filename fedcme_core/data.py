@@ -29,19 +29,17 @@ import gzip
 import hashlib
 import json
 import os
-import secrets
 import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 import torchvision
 
+from fedcme_core.checkpoints import atomic_write_bytes, atomic_writer
 from fedcme_core.seeding import numpy_rng
 
 DATASETS = ("fmnist", "cifar10", "synthetic")
@@ -278,7 +276,7 @@ def _decompress_gzip(archive: Path, target: Path) -> None:
     if target.is_file() and target.stat().st_size == expected_size:
         return
     try:
-        with gzip.open(archive, "rb") as source, _atomic_writer(target) as sink:
+        with gzip.open(archive, "rb") as source, atomic_writer(target) as sink:
             shutil.copyfileobj(source, sink, _HASH_CHUNK_BYTES)
     except (OSError, EOFError, gzip.BadGzipFile) as error:
         raise DataError(f"cannot decompress {archive} into {target}: {error}") from error
@@ -380,7 +378,7 @@ def _verify_digest(path: Path, algorithm: str, expected: str, stamp: Path) -> No
     if actual != expected:
         raise DataError(f"{path}: {algorithm} {actual} does not match the expected {expected}")
     records[path.name] = record
-    _write_bytes_atomically(stamp, json.dumps(records, indent=2, sort_keys=True).encode("utf-8"))
+    atomic_write_bytes(stamp, json.dumps(records, indent=2, sort_keys=True).encode("utf-8"))
 
 
 def _read_stamp(stamp: Path) -> dict[str, dict[str, object]]:
@@ -397,26 +395,6 @@ def _file_digest(path: Path, algorithm: str) -> str:
         for chunk in iter(lambda: handle.read(_HASH_CHUNK_BYTES), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-@contextmanager
-def _atomic_writer(target: Path) -> Iterator[BinaryIO]:
-    """A binary file handle whose content replaces `target` only if the block succeeds."""
-    temporary = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(temporary, "xb") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def _write_bytes_atomically(target: Path, payload: bytes) -> None:
-    with _atomic_writer(target) as handle:
-        handle.write(payload)
 
 
 def _validate_synthetic(spec: SyntheticSpec) -> None:

@@ -30,8 +30,6 @@ import hashlib
 import io
 import json
 import math
-import os
-import secrets
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fedcme_core.checkpoints import atomic_write_bytes
 from fedcme_core.seeding import numpy_rng
 
 PartitionMethod = Literal["dirichlet", "iid", "lognormal_dirichlet"]
@@ -259,7 +258,7 @@ def save_partition(partition: Partition, path: str | Path) -> None:
             entry.external_attr = 0o644 << 16
             with archive.open(entry, mode="w", force_zip64=True) as handle:
                 np.lib.format.write_array(handle, array, allow_pickle=False)
-    _write_bytes_atomically(path, payload.getvalue())
+    atomic_write_bytes(path, payload.getvalue())
 
 
 def load_partition(path: str | Path, *, labels: np.ndarray | None = None) -> Partition:
@@ -430,18 +429,3 @@ def _read_only(indices: np.ndarray) -> np.ndarray:
     indices = np.array(indices, dtype=np.int64)
     indices.setflags(write=False)
     return indices
-
-
-def _write_bytes_atomically(path: Path, payload: bytes) -> None:
-    """Write `payload` to a temp file beside `path`, fsync, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(temporary, "xb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from fedcme_core.config import TrainingConfig
 from fedcme_core.models import SplitModel, build_model
@@ -36,3 +37,24 @@ def train(run: LocalRun, data, hooks: ClientHooks | None = None, epochs: int = 2
 def same_state(first: SplitModel, second: SplitModel) -> bool:
     a, b = first.state_dict(), second.state_dict()
     return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+class IdentityModel(nn.Module):
+    """features(x) = x, classify(h) = h: hand-computable evaluation (the inputs are the logits)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.extractor = nn.Linear(dim, dim, bias=False)
+        self.classifier = nn.Linear(dim, dim, bias=False)
+        with torch.no_grad():
+            self.extractor.weight.copy_(torch.eye(dim))
+            self.classifier.weight.copy_(torch.eye(dim))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.extractor(x)
+
+    def classify(self, h: torch.Tensor) -> torch.Tensor:
+        return self.classifier(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.features(x))

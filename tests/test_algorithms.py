@@ -70,7 +70,7 @@ def test_moon_pulls_towards_global_and_away_from_previous():
     towards_previous = hooks.extra_loss(inputs, None, previous.features(inputs), None)
     towards_global = hooks.extra_loss(inputs, None, model.features(inputs), None)
 
-    assert float(towards_global) < float(towards_previous)
+    assert towards_global.detach().item() < towards_previous.detach().item()
 
 
 def test_fedcme_aligns_only_when_global_features_exist():

@@ -7,32 +7,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from fedcme_core.evaluation import EvalResult, eval_mode, evaluate
 
+from .helpers import IdentityModel
+
 LN3 = math.log(3.0)
-
-
-class IdentityLinearModel(nn.Module):
-    """features(x) = x, classify(h) = h: the inputs are the logits."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.extractor = nn.Linear(dim, dim, bias=False)
-        self.classifier = nn.Linear(dim, dim, bias=False)
-        with torch.no_grad():
-            self.extractor.weight.copy_(torch.eye(dim))
-            self.classifier.weight.copy_(torch.eye(dim))
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.extractor(x)
-
-    def classify(self, h: torch.Tensor) -> torch.Tensor:
-        return self.classifier(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classify(self.features(x))
 
 
 def hand_set_data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +32,7 @@ def hand_set_data() -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("batch_size", [1, 3, 1024])
 def test_evaluate_hand_set_model(batch_size: int) -> None:
     # Prepare
-    model = IdentityLinearModel(3)
+    model = IdentityModel(3)
     x, y = hand_set_data()
 
     # Execute
@@ -72,7 +52,7 @@ def test_evaluate_hand_set_model(batch_size: int) -> None:
 @pytest.mark.parametrize("was_training", [True, False])
 def test_evaluate_restores_previous_mode(was_training: bool) -> None:
     # Prepare
-    model = IdentityLinearModel(3)
+    model = IdentityModel(3)
     model.train(was_training)
     model.classifier.train(not was_training)
     x, y = hand_set_data()
@@ -87,7 +67,7 @@ def test_evaluate_restores_previous_mode(was_training: bool) -> None:
 
 def test_eval_mode_sets_eval_inside() -> None:
     # Prepare
-    model = IdentityLinearModel(3).train()
+    model = IdentityModel(3).train()
 
     # Execute
     with eval_mode(model):
@@ -100,7 +80,7 @@ def test_eval_mode_sets_eval_inside() -> None:
 
 def test_evaluate_does_not_track_gradients() -> None:
     # Prepare
-    model = IdentityLinearModel(3)
+    model = IdentityModel(3)
     x, y = hand_set_data()
 
     # Execute
@@ -112,7 +92,7 @@ def test_evaluate_does_not_track_gradients() -> None:
 
 def test_evaluate_empty_set_raises() -> None:
     # Prepare
-    model = IdentityLinearModel(3)
+    model = IdentityModel(3)
 
     # Execute / Assert
     with pytest.raises(ValueError):

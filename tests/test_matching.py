@@ -9,7 +9,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 from fedcme_core.matching import (
     cosine_similarity,
@@ -21,6 +20,8 @@ from fedcme_core.matching import (
     pair_clients,
     random_pairs,
 )
+
+from .helpers import IdentityModel
 
 
 def vec(*values: float) -> np.ndarray:
@@ -308,27 +309,6 @@ def test_eval_subset_small_sizes() -> None:
     assert len(tiny) == 1
     assert len(two) == 2 and len(set(labels[two].tolist())) == 2
     assert everything.tolist() == list(range(20))
-
-
-class IdentityModel(nn.Module):
-    """features(x) = x, classify(h) = h."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.extractor = nn.Linear(dim, dim, bias=False)
-        self.classifier = nn.Linear(dim, dim, bias=False)
-        with torch.no_grad():
-            self.extractor.weight.copy_(torch.eye(dim))
-            self.classifier.weight.copy_(torch.eye(dim))
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.extractor(x)
-
-    def classify(self, h: torch.Tensor) -> torch.Tensor:
-        return self.classifier(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classify(self.features(x))
 
 
 def test_evaluation_vector_hand_set_model() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -10,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedcme_core import partition as partition_module
 from fedcme_core.partition import (
     Partition,
     PartitionError,
@@ -400,7 +400,7 @@ def test_failed_save_leaves_the_old_file_and_no_temp(
     def failing_replace(source: str, target: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(partition_module.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
         save_partition(other, path)
     monkeypatch.undo()
