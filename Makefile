@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine:
-#   make run   - create .venv, install, run the default experiment (params.yaml) offline
+#   make run   - create .venv, install, train the default experiment (params.yaml) offline
 #   make test  - create/refresh .venv if needed, run the test suite
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -34,10 +34,12 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(VENV)/bin/fedcme simulate --config $(CONFIG) --experiment $(EXPERIMENT)
+	$(VENV)/bin/fedcme train --config $(CONFIG) --experiment $(EXPERIMENT)
+	@echo "Compare runs: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1"
+	@echo "Prefect UI:   $(VENV)/bin/prefect server start --host 127.0.0.1  (then open http://127.0.0.1:4200)"
 
 test: install
 	$(PY) -m pytest
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache mlflow.db mlartifacts

@@ -119,6 +119,20 @@ class FedCMEConfig(_Frozen):
     align_reduction: Literal["mean", "sum"] = "mean"
 
 
+class RunnerConfig(_Frozen):
+    """Where the clients of a round train; never changes the results (see README)."""
+
+    kind: Literal["sequential", "threads", "dask"] = "threads"
+    # Parallel client trainings; None: one per CPU core (1 for sequential).
+    workers: int | None = Field(None, ge=1)
+    # torch intra-op threads per client training; None: max(1, cores // workers).
+    threads_per_worker: int | None = Field(None, ge=1)
+    # An existing Dask scheduler (tcp://host:port); None: a LocalCluster on 127.0.0.1.
+    dask_address: str | None = None
+    # Keep each round's swap/exchanged/upload checkpoints instead of deleting them at commit.
+    keep_round_files: bool = False
+
+
 AlgorithmConfig = Annotated[
     Union[FedAvgConfig, FedProxConfig, MoonConfig, FedRSConfig, FedCMEConfig],
     Field(discriminator="name"),
@@ -135,6 +149,7 @@ class ExperimentConfig(_Frozen):
     training: TrainingConfig = TrainingConfig()
     model: ModelConfig = ModelConfig()
     algorithm: AlgorithmConfig = FedCMEConfig()
+    runner: RunnerConfig = RunnerConfig()
 
     @model_validator(mode="after")
     def _cross_field_checks(self) -> ExperimentConfig:

@@ -153,16 +153,17 @@ def new_model(config: ExperimentConfig, num_classes: int, device: torch.device |
 
 
 def _config_json(config: ExperimentConfig) -> str:
-    """The config that defines a run; `federation.rounds` is left out so a run can be extended."""
-    values = config.model_dump(mode="json")
-    values["federation"].pop("rounds")
+    """The config that defines a run's results: without `federation.rounds` (a run can be
+    extended) and `runner` (any runner gives the same results)."""
+    values = config.model_dump(mode="json", exclude={"runner": True, "federation": {"rounds"}})
     return json.dumps(values, indent=2, sort_keys=True) + "\n"
 
 
-def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None = None) -> RunPaths:
+def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None = None) -> int:
     """Create (or reopen) a run directory: config, partition, the round-0 server state.
 
     Reopening with a different config is refused, so a resumed run is the same experiment.
+    Returns the number of rounds already completed.
     """
     paths = RunPaths(run_dir)
     wanted = _config_json(config)
@@ -199,7 +200,7 @@ def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: s
             },
             paths.server_state(0),
         )
-    return paths
+    return completed_rounds(paths.root)
 
 
 def load_server_state(run_dir: str | Path, round_index: int) -> dict[str, Any]:
@@ -380,7 +381,12 @@ def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: i
         },
         paths.aggregate(round_index),
     )
-    return {"train_loss": train_loss, "clients": len(uploads)}
+    uploaded_vectors = {
+        int(upload["client"]): [float(value) for value in upload["evaluation_vector"]]
+        for upload in uploads
+        if algorithm.uses_evaluation_vectors
+    }
+    return {"train_loss": train_loss, "clients": len(uploads), "evaluation_vectors": uploaded_vectors}
 
 
 def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int) -> dict[str, Any]:
@@ -414,7 +420,8 @@ def commit_round(config: ExperimentConfig, run_dir: str | Path, round_index: int
         paths.server_state(round_index + 1),
     )
     paths.server_state(round_index).unlink(missing_ok=True)
-    shutil.rmtree(paths.round_dir(round_index), ignore_errors=True)
+    if not config.runner.keep_round_files:
+        shutil.rmtree(paths.round_dir(round_index), ignore_errors=True)
     for client, state_round in previous["client_state_rounds"].items():
         if pending["client_state_rounds"].get(client) != state_round:
             paths.client_state(client, state_round).unlink(missing_ok=True)
@@ -476,6 +483,7 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
         "round": round_index,
         "selected": [int(client) for client in selected],
         "pairs": matching["pairs"],
+        "evaluation_vectors": aggregate["evaluation_vectors"],
         "train_loss": aggregate["train_loss"],
         **metrics,
         "client_train_seconds": float(sum(summary["seconds"] for summary in summaries)),
@@ -492,10 +500,18 @@ def run_experiment(
     executor: Executor | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     partition_file: str | Path | None = None,
+    on_start: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Train for config.federation.rounds rounds (resuming a partial run); returns the history."""
+    """Train for config.federation.rounds rounds, resuming a partial run; returns the history.
+
+    `on_start` receives the history of the rounds already committed (a resumed run),
+    `on_round` each new round's record after its commit.
+    """
     executor = executor or SerialExecutor()
-    prepare_run(config, run_dir, partition_file)
+    run_dir = str(run_dir)
+    executor.call("prepare", prepare_run, config, run_dir, None if partition_file is None else str(partition_file))
+    if on_start is not None:
+        on_start(load_server_state(run_dir, completed_rounds(run_dir))["history"])
     for round_index in range(completed_rounds(run_dir), config.federation.rounds):
         record = run_round(config, run_dir, round_index, executor)
         if on_round is not None:

@@ -1,15 +1,20 @@
 """The ``fedcme`` command line.
 
-    fedcme simulate --config params.yaml --experiment NAME [--set training.lr=0.05 ...]
+    fedcme train    --config params.yaml --experiment NAME [--set training.lr=0.05 ...]
+    fedcme simulate --config params.yaml --experiment NAME [--set ...]
+    fedcme serve    --config params.yaml --experiment NAME --cron "0 2 * * *"
 
-``simulate`` runs the experiment in this process with the core library's round loop
-(no orchestrator), resuming ``runs/NAME`` if it holds a partial run of the same config.
+``train`` runs the Prefect training flow and tracks it in MLflow; ``simulate`` runs the same
+round loop in this process without orchestrator or tracking; ``serve`` serves the training
+flow as a scheduled Prefect deployment. All resume ``runs/NAME`` when it holds a partial run
+of the same config.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -17,6 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+# Quiet, offline-safe defaults for the stack (a user's own settings win).
+QUIET_ENVIRONMENT = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "DASK_LOGGING__DISTRIBUTED": "error",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+}
 
 EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -75,16 +90,69 @@ def simulate(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def train(arguments: argparse.Namespace) -> int:
+    from fedcme_core.config import load_config
+
+    from .train import run_training
+
+    load_config(arguments.config, overrides=dict(arguments.overrides))
+    if not os.environ.get("PREFECT_API_URL"):
+        print("Prefect: no PREFECT_API_URL set, so this run uses a temporary Prefect server "
+              "(records kept in $PREFECT_HOME/prefect.db; see the README for the UI)", flush=True)
+    summary = run_training(
+        arguments.config,
+        arguments.experiment,
+        overrides=dict(arguments.overrides),
+        runs_dir=arguments.runs_dir,
+        tracking_uri=arguments.tracking_uri,
+        partition_file=arguments.partition,
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+def serve(arguments: argparse.Namespace) -> int:
+    from .deploy import serve_training
+
+    serve_training(
+        arguments.config,
+        arguments.experiment,
+        overrides=dict(arguments.overrides),
+        cron=arguments.cron,
+        runs_dir=arguments.runs_dir,
+        tracking_uri=arguments.tracking_uri,
+    )
+    return 0
+
+
+def _experiment_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="params.yaml", help="experiment config (YAML)")
+    parser.add_argument("--experiment", type=experiment_name, default="default", help="run name (runs/NAME)")
+    parser.add_argument("--runs-dir", default="runs", help="folder holding the run directories")
+    parser.add_argument("--set", dest="overrides", type=parse_override, action="append", default=[],
+                        metavar="KEY=VALUE", help="override a config key, e.g. training.lr=0.05")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedcme", description="FedCME and baselines, reproducibly.")
     commands = parser.add_subparsers(dest="command", required=True)
-    simulate_parser = commands.add_parser("simulate", help="run an experiment in this process")
-    simulate_parser.add_argument("--config", default="params.yaml", help="experiment config (YAML)")
-    simulate_parser.add_argument("--experiment", type=experiment_name, default="default", help="run name (runs/NAME)")
-    simulate_parser.add_argument("--runs-dir", default="runs", help="folder holding the run directories")
-    simulate_parser.add_argument("--set", dest="overrides", type=parse_override, action="append", default=[],
-                                 metavar="KEY=VALUE", help="override a config key, e.g. training.lr=0.05")
+
+    train_parser = commands.add_parser("train", help="run the Prefect training flow, tracked in MLflow")
+    _experiment_arguments(train_parser)
+    train_parser.add_argument("--tracking-uri", default=None,
+                              help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    train_parser.add_argument("--partition", default=None, help="a partition file to use (e.g. from `dvc repro`)")
+    train_parser.set_defaults(handler=train)
+
+    simulate_parser = commands.add_parser("simulate", help="run an experiment in this process (no Prefect, no MLflow)")
+    _experiment_arguments(simulate_parser)
     simulate_parser.set_defaults(handler=simulate)
+
+    serve_parser = commands.add_parser("serve", help="serve the training flow as a scheduled Prefect deployment")
+    _experiment_arguments(serve_parser)
+    serve_parser.add_argument("--cron", default=None, help='a cron schedule, e.g. "0 2 * * *" (none: run on demand)')
+    serve_parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI for the runs")
+    serve_parser.set_defaults(handler=serve)
     return parser
 
 
@@ -95,10 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     from fedcme_core.federation import RunError
     from fedcme_core.partition import PartitionError
 
+    from .errors import TrackingError
+
     arguments = build_parser().parse_args(argv)
+    for key, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
     try:
         return arguments.handler(arguments)
-    except (ConfigError, DataError, PartitionError, CheckpointError, RunError) as error:
+    except (ConfigError, DataError, PartitionError, CheckpointError, RunError, TrackingError) as error:
         print(f"fedcme: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,7 @@
+"""Errors of the orchestration layer (importable without prefect or mlflow)."""
+
+from __future__ import annotations
+
+
+class TrackingError(RuntimeError):
+    """The MLflow tracking store cannot be used; the message names it."""

@@ -1,0 +1,231 @@
+"""The training flow: every global round of every algorithm as Prefect tasks, tracked in MLflow.
+
+    python -m flows.train --config params.yaml --experiment NAME     (same as `fedcme train`)
+
+Per round (``fedcme_core.federation.run_round``, the only round loop):
+select -> match -> local training of all selected clients in parallel (phase 1; FedCME stops at
+floor(E/2) and writes swap checkpoints) -> exchange (barrier) -> phase 2 -> aggregate ->
+evaluate -> commit. The clients of a phase run on the configured task runner: ``sequential``,
+``threads`` (default) or ``dask`` (prefect-dask's DaskTaskRunner on a LocalCluster bound to
+127.0.0.1, or an existing scheduler). Re-running an experiment resumes after its last
+committed round and logs into the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import torch
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from fedcme_core.config import ExperimentConfig, RunnerConfig, load_config
+from fedcme_core.federation import (
+    RunPaths,
+    completed_rounds,
+    final_model,
+    load_experiment_dataset,
+    run_experiment,
+)
+from fedcme_core.partition import load_partition
+
+from .tasks import PrefectExecutor, worker_layout
+from .tracking import RunTracker, git_commit, resolve_tracking_uri
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+DEFAULT_MLFLOW_EXPERIMENT = "fedcme"
+
+
+def make_task_runner(runner: RunnerConfig):
+    """The Prefect task runner for the `runner` config section."""
+    workers, _ = worker_layout(runner)
+    if runner.kind == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if runner.dask_address:
+            return DaskTaskRunner(address=runner.dask_address)
+        return DaskTaskRunner(
+            cluster_kwargs={
+                "n_workers": workers,
+                "threads_per_worker": 1,
+                "processes": True,
+                "host": "127.0.0.1",
+                "dashboard_address": None,
+            }
+        )
+    return ThreadPoolTaskRunner(max_workers=workers)
+
+
+def round_line(record: Mapping[str, Any], total_rounds: int, elapsed: float, rounds_done_here: int) -> str:
+    done = record["round"] + 1
+    eta = elapsed / max(rounds_done_here, 1) * (total_rounds - done)
+    return (
+        f"round {done:>4}/{total_rounds}  acc {record['test_accuracy']:.4f}  loss {record['test_loss']:.4f}  "
+        f"train_loss {record['train_loss']:.4f}  {record['round_seconds']:.1f}s  ETA {eta:.0f}s"
+    )
+
+
+@flow(name="fedcme-train", persist_result=False)
+def train_flow(
+    config_file: str,
+    experiment: str,
+    overrides: dict[str, Any] | None = None,
+    runs_dir: str = "runs",
+    tracking_uri: str | None = None,
+    partition_file: str | None = None,
+    mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
+) -> dict[str, Any]:
+    """Train one experiment (resuming it if its run directory holds completed rounds)."""
+    config = load_config(config_file, overrides=overrides)
+    return train(config, experiment, runs_dir, tracking_uri, partition_file, mlflow_experiment)
+
+
+def train(
+    config: ExperimentConfig,
+    experiment: str,
+    runs_dir: str = "runs",
+    tracking_uri: str | None = None,
+    partition_file: str | None = None,
+    mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
+) -> dict[str, Any]:
+    logger = get_run_logger()
+    run_dir = Path(runs_dir) / experiment
+    _, threads = worker_layout(config.runner)
+    torch.set_num_threads(threads)
+    uri = resolve_tracking_uri(tracking_uri)
+    tracker = RunTracker.open(
+        uri,
+        mlflow_experiment,
+        experiment,
+        run_dir,
+        params=config.flat(),
+        tags={"git_commit": git_commit(PROJECT_DIR), "dataset": config.data.dataset,
+              "algorithm": config.algorithm.name, "prefect_flow_run_id": str(flow_run.get_id())},
+    )
+    total = config.federation.rounds
+    started = time.perf_counter()
+    rounds_done_here = 0
+
+    def on_start(history: list[dict[str, Any]]) -> None:
+        partition = load_partition(RunPaths(run_dir).partition)
+        tracker.set_tags({"partition_hash": partition.content_hash})
+        tracker.sync(history)
+        if history:
+            print(f"{experiment}: resuming after round {len(history)} of {total}", flush=True)
+
+    def on_round(record: dict[str, Any]) -> None:
+        nonlocal rounds_done_here
+        rounds_done_here += 1
+        tracker.log_round(record)
+        line = round_line(record, total, time.perf_counter() - started, rounds_done_here)
+        print(line, flush=True)
+        logger.info(line)
+
+    executor = PrefectExecutor(threads)
+    try:
+        history = run_experiment(
+            config,
+            run_dir,
+            executor,
+            on_round=on_round,
+            partition_file=partition_file,
+            on_start=on_start,
+        )
+        dataset = load_experiment_dataset(config.data, config.seed)
+        model_uri = tracker.log_model(final_model(config, run_dir), dataset.x_test[:2].numpy())
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    tracker.finish("FINISHED")
+    summary = {
+        "experiment": experiment,
+        "rounds": completed_rounds(run_dir),
+        "final_accuracy": history[-1]["test_accuracy"],
+        "best_accuracy": max(record["test_accuracy"] for record in history),
+        "run_dir": str(run_dir),
+        "mlflow_run_id": tracker.run_id,
+        "model_uri": model_uri,
+        "tracking_uri": uri,
+        "prefect_flow_run_id": str(flow_run.get_id()),
+        "prefect_task_runs": executor.task_runs,
+    }
+    return summary
+
+
+def run_training(
+    config_file: str,
+    experiment: str,
+    overrides: dict[str, Any] | None = None,
+    runs_dir: str = "runs",
+    tracking_uri: str | None = None,
+    partition_file: str | None = None,
+    mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
+) -> dict[str, Any]:
+    """Validate the config (nothing is written for a bad one), then run the flow on its task runner."""
+    config = load_config(config_file, overrides=overrides)
+    configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner), flow_run_name=experiment)
+    summary = configured_flow(
+        config_file=str(config_file),
+        experiment=experiment,
+        overrides=dict(overrides or {}),
+        runs_dir=runs_dir,
+        tracking_uri=tracking_uri,
+        partition_file=partition_file,
+        mlflow_experiment=mlflow_experiment,
+    )
+    if uses_temporary_server():
+        summary["prefect_task_runs_recorded"] = wait_for_task_run_records(
+            summary["prefect_flow_run_id"], summary["prefect_task_runs"]
+        )
+        missing = summary["prefect_task_runs"] - summary["prefect_task_runs_recorded"]
+        if missing > 0:
+            print(
+                f"warning: Prefect's temporary server had not stored {missing} of {summary['prefect_task_runs']} "
+                "task-run records when the run ended; they are lost when it stops. Training results are "
+                "complete (run directory and MLflow); run against `prefect server start` to keep every record.",
+                file=sys.stderr,
+            )
+    return summary
+
+
+def uses_temporary_server() -> bool:
+    """True when no PREFECT_API_URL is set: Prefect starts a temporary server for this process."""
+    from prefect.settings import PREFECT_API_URL
+
+    return not PREFECT_API_URL.value()
+
+
+def recorded_task_runs(flow_run_id: str) -> int:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    flow_filter = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
+    page, offset = 200, 0
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=flow_filter, limit=page, offset=offset)
+            offset += len(runs)
+            if len(runs) < page:
+                return offset
+
+
+def wait_for_task_run_records(flow_run_id: str, expected: int, timeout: float = 20.0) -> int:
+    """Wait (bounded) until the server has stored every task run of the flow run; returns how many it has."""
+    deadline = time.monotonic() + timeout
+    recorded = recorded_task_runs(flow_run_id)
+    while recorded < expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+        recorded = recorded_task_runs(flow_run_id)
+    return recorded
+
+
+if __name__ == "__main__":
+    from .cli import main
+
+    sys.exit(main(["train", *sys.argv[1:]]))

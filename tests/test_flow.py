@@ -1,0 +1,132 @@
+"""The Prefect training flow with real Prefect (test harness) and a real MLflow sqlite store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from prefect.settings import PREFECT_API_URL
+from prefect.testing.utilities import prefect_test_harness
+
+from fedcme_core.checkpoints import load_checkpoint
+from fedcme_core.config import load_config
+from fedcme_core.federation import RunPaths, final_model, load_experiment_dataset, load_server_state
+from flows.tracking import ROUND_METRICS
+from flows.train import run_training, wait_for_task_run_records
+
+from .conftest import REPO_ROOT
+from .helpers import same_state
+
+SMOKE = str(REPO_ROOT / "configs" / "smoke.yaml")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()
+
+
+def train(tmp_path: Path, experiment: str, **overrides):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    summary = run_training(SMOKE, experiment, overrides=overrides, runs_dir=str(tmp_path / "runs"), tracking_uri=uri)
+    return summary, MlflowClient(tracking_uri=uri)
+
+
+def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
+    summary, client = train(tmp_path, "smoke", **{"runner.kind": "threads", "runner.workers": 2})
+
+    run = client.get_run(summary["mlflow_run_id"])
+    for metric in ROUND_METRICS:
+        if metric == "exchange_seconds" or metric.startswith(("test", "train", "round", "phase")):
+            assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [0, 1], metric
+    assert run.data.params["algorithm.name"] == "fedcme" and run.data.params["federation.rounds"] == "2"
+    assert run.data.tags["dataset"] == "synthetic" and len(run.data.tags["partition_hash"]) == 64
+    assert run.data.tags["git_commit"]
+    assert run.info.status == "FINISHED"
+    assert summary["prefect_task_runs"] == 1 + 2 * 14  # prepare; per round 6 steps + 2 phases x 4 clients
+    assert wait_for_task_run_records(summary["prefect_flow_run_id"], 29) == 29
+    artifacts = [item.path for item in client.list_artifacts(run.info.run_id, "matching")]
+    assert artifacts == ["matching/round-0000.json", "matching/round-0001.json"]
+    matching = json.loads(Path(client.download_artifacts(run.info.run_id, artifacts[1], str(tmp_path))).read_text())
+    assert len(matching["pairs"]) == 2 and len(matching["evaluation_vectors"]) == 4
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    loaded = mlflow.pytorch.load_model(summary["model_uri"])
+    config = load_config(SMOKE)
+    dataset = load_experiment_dataset(config.data, config.seed)
+    with torch.no_grad():
+        accuracy = (loaded(dataset.x_test).argmax(dim=1) == dataset.y_test).float().mean().item()
+    assert accuracy == pytest.approx(summary["final_accuracy"])
+    assert np.isclose(client.get_metric_history(run.info.run_id, "test_accuracy")[-1].value, accuracy)
+
+
+def test_phase_two_checkpoints_hold_the_counterparts_classifier(tmp_path):
+    summary, _ = train(tmp_path, "barrier", **{"runner.keep_round_files": True, "runner.workers": 2})
+
+    paths = RunPaths(Path(summary["run_dir"]))
+    history = load_server_state(paths.root, 2)["history"]
+    checked = 0
+    for record in history:
+        for first, second in record["pairs"]:
+            for receiver, donor in ((first, second), (second, first)):
+                phase_two = load_checkpoint(paths.exchanged_checkpoint(record["round"], receiver))["model"]
+                donor_swap = load_checkpoint(paths.swap_checkpoint(record["round"], donor))["model"]
+                own_swap = load_checkpoint(paths.swap_checkpoint(record["round"], receiver))["model"]
+                assert torch.equal(phase_two["classifier.weight"], donor_swap["classifier.weight"])
+                assert torch.equal(phase_two["classifier.bias"], donor_swap["classifier.bias"])
+                assert torch.equal(phase_two["backbone.0.weight"], own_swap["backbone.0.weight"])
+                checked += 1
+    assert checked == 8
+
+
+def test_sequential_threads_and_dask_give_the_same_model(tmp_path):
+    runners = {
+        "sequential": {"runner.kind": "sequential"},
+        "threads": {"runner.kind": "threads", "runner.workers": 2},
+        "dask": {"runner.kind": "dask", "runner.workers": 2},
+    }
+    models = {}
+    for name, overrides in runners.items():
+        summary, _ = train(tmp_path, name, **overrides, **{"runner.threads_per_worker": 1})
+        models[name] = final_model(load_config(SMOKE), summary["run_dir"])
+
+    assert same_state(models["sequential"], models["threads"])
+    assert same_state(models["sequential"], models["dask"])
+
+
+def test_killed_run_resumes_to_the_same_model_without_duplicate_steps(tmp_path, prefect_server):
+    overrides = ["--set", "federation.rounds=3", "--set", "runner.workers=2"]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    command = [sys.executable, "-m", "flows.cli", "train", "--config", SMOKE, "--experiment", "killed",
+               "--runs-dir", str(tmp_path / "runs"), "--tracking-uri", uri, *overrides]
+    environment = {**os.environ, "PREFECT_API_URL": prefect_server}
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    round_one = RunPaths(tmp_path / "runs" / "killed").round_dir(1)
+    deadline = time.monotonic() + 300
+    while not (round_one.exists() and any(round_one.glob("*.pt"))):
+        assert process.poll() is None, process.stdout.read().decode()
+        assert time.monotonic() < deadline, "round 1 never started"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+    killed_at = len(load_server_state(tmp_path / "runs" / "killed", 1)["history"])
+    summary, client = train(tmp_path, "killed", **{"federation.rounds": 3, "runner.workers": 2})
+    straight, _ = train(tmp_path, "straight", **{"federation.rounds": 3, "runner.workers": 2})
+
+    assert killed_at == 1
+    config = load_config(SMOKE, overrides={"federation.rounds": 3})
+    assert same_state(final_model(config, summary["run_dir"]), final_model(config, straight["run_dir"]))
+    assert summary["final_accuracy"] == straight["final_accuracy"]
+    for metric in ("test_accuracy", "train_loss", "round_seconds"):
+        assert [m.step for m in client.get_metric_history(summary["mlflow_run_id"], metric)] == [0, 1, 2]
