@@ -130,3 +130,14 @@ def test_killed_run_resumes_to_the_same_model_without_duplicate_steps(tmp_path, 
     assert summary["final_accuracy"] == straight["final_accuracy"]
     for metric in ("test_accuracy", "train_loss", "round_seconds"):
         assert [m.step for m in client.get_metric_history(summary["mlflow_run_id"], metric)] == [0, 1, 2]
+
+
+def test_serve_builds_a_scheduled_deployment_of_the_training_flow():
+    from flows.deploy import training_deployment
+
+    deployment = training_deployment(SMOKE, "nightly", cron="0 2 * * *", overrides={"federation.rounds": 3})
+
+    assert deployment.name == "nightly" and deployment.flow_name == "fedcme-train"
+    assert [schedule.schedule.cron for schedule in deployment.schedules] == ["0 2 * * *"]
+    assert deployment.parameters["config_file"] == SMOKE
+    assert deployment.parameters["overrides"] == {"federation.rounds": 3}
