@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine:
-#   make run   - create .venv, install, train the default experiment (params.yaml) offline
+#   make run   - create .venv, install, reproduce the default experiment grid (dvc repro) offline
 #   make test  - create/refresh .venv if needed, run the test suite
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -22,7 +22,7 @@ export DVC_NO_ANALYTICS := 1
 EXPERIMENT ?= default
 CONFIG ?= params.yaml
 
-.PHONY: install run test clean
+.PHONY: install run train test clean
 
 install: $(STAMP)
 
@@ -31,15 +31,21 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) tools/offline_plots_template.py
 	touch $(STAMP)
 
 run: install
+	test -d .dvc || $(VENV)/bin/dvc init --quiet
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/dvc repro
+	@echo "Report:       reports/results.md and reports/accuracy.png"
+	@echo "Compare runs: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1  (http://127.0.0.1:5000)"
+	@echo "Prefect UI:   $(VENV)/bin/prefect server start --host 127.0.0.1  (http://127.0.0.1:4200; see README)"
+
+train: install
 	$(VENV)/bin/fedcme train --config $(CONFIG) --experiment $(EXPERIMENT)
-	@echo "Compare runs: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1"
-	@echo "Prefect UI:   $(VENV)/bin/prefect server start --host 127.0.0.1  (then open http://127.0.0.1:4200)"
 
 test: install
 	$(PY) -m pytest
 
 clean:
-	rm -rf runs .pytest_cache mlflow.db mlartifacts
+	rm -rf runs .pytest_cache mlflow.db mlartifacts data/prepared data/partitions models metrics reports

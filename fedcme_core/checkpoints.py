@@ -18,6 +18,9 @@ from typing import Any, BinaryIO
 import torch
 
 
+FILE_MODE = 0o644  # what open() would give under the usual umask (mkstemp makes 0600)
+
+
 class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated or not a checkpoint; the message names it."""
 
@@ -29,6 +32,7 @@ def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(descriptor, FILE_MODE)
         with os.fdopen(descriptor, "wb") as handle:
             yield handle
             handle.flush()

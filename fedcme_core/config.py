@@ -42,6 +42,8 @@ class DataConfig(_Frozen):
     mirror: str | None = None
     # The project's own data folder, where the mirror's files are decompressed or downloaded.
     data_dir: str = "data/raw"
+    # A folder written by the DVC `prepare` stage (verified arrays); when set, it is the source.
+    prepared_dir: str | None = None
     # Seeded random subsets of the splits (None: the whole split).
     train_subset: int | None = Field(None, ge=10)
     test_subset: int | None = Field(None, ge=10)
@@ -251,14 +253,27 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML{where}") from None
 
 
-def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ExperimentConfig:
-    """Load and validate a config file; `overrides` are dotted keys ({"training.lr": 0.1})."""
+def load_config(
+    path: str | Path, overrides: Mapping[str, Any] | None = None, section: str | None = None
+) -> ExperimentConfig:
+    """Load and validate a config file; `overrides` are dotted keys ({"training.lr": 0.1}).
+
+    With `section`, the config is that top-level key of the file; a file with a top-level
+    `base` mapping (params.yaml, which also holds the DVC grid) is read from it by default.
+    """
     values = read_yaml(path)
     if values is None:
         values = {}
+    source = str(path)
+    if section is None and isinstance(values, Mapping) and isinstance(values.get("base"), Mapping):
+        section = "base"
+    if section is not None:
+        if not isinstance(values, Mapping) or not isinstance(values.get(section), Mapping):
+            raise ConfigError(f"{path}: {section}: missing, or not a mapping of config keys")
+        values, source = values[section], f"{path} [{section}]"
     if overrides:
         values = apply_overrides(values, overrides)
-    return config_from_dict(values, source=str(path))
+    return config_from_dict(values, source=source)
 
 
 def apply_overrides(values: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:

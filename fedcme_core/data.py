@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -160,6 +161,17 @@ def load_dataset(
         return make_synthetic(synthetic or SyntheticSpec())
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r}: expected one of {', '.join(DATASETS)}")
+    return from_raw(name, load_raw(name, data_dir=data_dir, mirror=mirror))
+
+
+RAW_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+STATISTICS = {"fmnist": (FMNIST_MEAN, FMNIST_STD), "cifar10": (CIFAR10_MEAN, CIFAR10_STD)}
+
+
+def load_raw(name: str, *, data_dir: Path, mirror: Path | None = None) -> dict[str, np.ndarray]:
+    """The verified official split of "fmnist" or "cifar10" as uint8 [N, C, H, W] images and int64 labels."""
+    if name not in STATISTICS:
+        raise DataError(f"dataset {name!r} has no raw files: expected one of {', '.join(STATISTICS)}")
     data_dir = Path(data_dir)
     if mirror is not None:
         mirror = _existing_mirror(Path(mirror), "argument mirror")
@@ -169,9 +181,67 @@ def load_dataset(
                 "choose a data_dir outside it"
             )
     data_dir.mkdir(parents=True, exist_ok=True)
-    if name == "fmnist":
-        return _load_fmnist(data_dir, mirror)
-    return _load_cifar10(data_dir, mirror)
+    return _raw_fmnist(data_dir, mirror) if name == "fmnist" else _raw_cifar10(data_dir, mirror)
+
+
+def from_raw(name: str, arrays: dict[str, np.ndarray]) -> Dataset:
+    """Normalise raw uint8 arrays with the dataset's channel statistics."""
+    mean, std = STATISTICS[name]
+    return Dataset(
+        name=name,
+        x_train=_normalise(torch.from_numpy(np.asarray(arrays["x_train"])), mean, std),
+        y_train=_labels(arrays["y_train"]),
+        x_test=_normalise(torch.from_numpy(np.asarray(arrays["x_test"])), mean, std),
+        y_test=_labels(arrays["y_test"]),
+        num_classes=10,
+        mean=mean,
+        std=std,
+    )
+
+
+def save_prepared(name: str, arrays: dict[str, np.ndarray], directory: Path) -> dict[str, object]:
+    """Write a prepared dataset: one .npy per array (byte-reproducible) and meta.json with their sha256.
+
+    Files are written atomically; meta.json last, so a folder with a meta.json is complete.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for key in RAW_ARRAYS:
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(arrays[key]), allow_pickle=False)
+        payload = buffer.getvalue()
+        atomic_write_bytes(directory / f"{key}.npy", payload)
+        files[key] = {"sha256": hashlib.sha256(payload).hexdigest(), "shape": list(arrays[key].shape)}
+    meta = {"dataset": name, "format": "fedcme-prepared-v1", "arrays": files}
+    atomic_write_bytes(directory / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    return meta
+
+
+def load_prepared(directory: Path, expected_name: str | None = None) -> Dataset:
+    """Load a folder written by :func:`save_prepared`, verifying every array's sha256."""
+    directory = Path(directory)
+    meta_path = directory / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        name = meta["dataset"]
+        records = meta["arrays"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DataError(f"{meta_path}: not a prepared dataset ({type(error).__name__}: {error})") from None
+    if expected_name is not None and name != expected_name:
+        raise DataError(f"{directory}: holds prepared {name!r}, but the config's data.dataset is {expected_name!r}")
+    arrays = {}
+    for key in RAW_ARRAYS:
+        path = directory / f"{key}.npy"
+        try:
+            payload = path.read_bytes()
+        except OSError as error:
+            raise DataError(f"{path}: cannot read prepared array ({error.strerror or error})") from None
+        digest = hashlib.sha256(payload).hexdigest()
+        if digest != records[key]["sha256"]:
+            raise DataError(f"{path}: sha256 {digest} does not match meta.json ({records[key]['sha256']}); re-run prepare")
+        arrays[key] = np.load(io.BytesIO(payload), allow_pickle=False)
+    return from_raw(name, arrays)
 
 
 def make_synthetic(spec: SyntheticSpec) -> Dataset:
@@ -235,27 +305,18 @@ def _existing_mirror(folder: Path, origin: str) -> Path:
     return folder
 
 
-def _load_fmnist(data_dir: Path, mirror: Path | None) -> Dataset:
+def _raw_fmnist(data_dir: Path, mirror: Path | None) -> dict[str, np.ndarray]:
     if mirror is not None:
         _prepare_fmnist_from_mirror(data_dir, mirror / FMNIST_MIRROR_FOLDER)
         download = False
     else:
         download = True
-    splits = {}
-    for train in (True, False):
+    arrays = {}
+    for train, split in ((True, "train"), (False, "test")):
         source = _torchvision_split(torchvision.datasets.FashionMNIST, data_dir, train, download, "fmnist")
-        images = source.data.unsqueeze(1)
-        splits[train] = (_normalise(images, FMNIST_MEAN, FMNIST_STD), _labels(source.targets))
-    return Dataset(
-        name="fmnist",
-        x_train=splits[True][0],
-        y_train=splits[True][1],
-        x_test=splits[False][0],
-        y_test=splits[False][1],
-        num_classes=10,
-        mean=FMNIST_MEAN,
-        std=FMNIST_STD,
-    )
+        arrays[f"x_{split}"] = source.data.unsqueeze(1).numpy()
+        arrays[f"y_{split}"] = np.asarray(source.targets, dtype=np.int64)
+    return arrays
 
 
 def _prepare_fmnist_from_mirror(data_dir: Path, mirror_folder: Path) -> None:
@@ -289,7 +350,7 @@ def _gzip_uncompressed_size(archive: Path) -> int:
         return int.from_bytes(handle.read(4), "little")
 
 
-def _load_cifar10(data_dir: Path, mirror: Path | None) -> Dataset:
+def _raw_cifar10(data_dir: Path, mirror: Path | None) -> dict[str, np.ndarray]:
     if mirror is not None:
         archive = mirror / CIFAR10_MIRROR_FILE
         _verify_digest(archive, "sha256", CIFAR10_SHA256, data_dir / "cifar-10.verified.json")
@@ -300,17 +361,14 @@ def _load_cifar10(data_dir: Path, mirror: Path | None) -> Dataset:
             source = _torchvision_split(torchvision.datasets.CIFAR10, data_dir, train, True, "cifar10")
             arrays[f"x_{split}"] = np.asarray(source.data)
             arrays[f"y_{split}"] = np.asarray(source.targets, dtype=np.int64)
-    tensors = {}
     for split in ("train", "test"):
         images_hwc = arrays[f"x_{split}"]
         if images_hwc.dtype != np.uint8 or images_hwc.ndim != 4 or images_hwc.shape[-1] != 3:
             raise DataError(
                 f"cifar10 x_{split} must be uint8 [N, 32, 32, 3], got {images_hwc.dtype} {images_hwc.shape}"
             )
-        images_chw = torch.from_numpy(np.ascontiguousarray(images_hwc.transpose(0, 3, 1, 2)))
-        tensors[f"x_{split}"] = _normalise(images_chw, CIFAR10_MEAN, CIFAR10_STD)
-        tensors[f"y_{split}"] = _labels(arrays[f"y_{split}"])
-    return Dataset(name="cifar10", num_classes=10, mean=CIFAR10_MEAN, std=CIFAR10_STD, **tensors)
+        arrays[f"x_{split}"] = np.ascontiguousarray(images_hwc.transpose(0, 3, 1, 2))
+    return arrays
 
 
 def _read_cifar10_npz(archive: Path) -> dict[str, np.ndarray]:

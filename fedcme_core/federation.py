@@ -102,18 +102,21 @@ def completed_rounds(run_dir: str | Path) -> int:
 def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
     """The configured dataset (and subsets), loaded once per process."""
     synthetic = data_config.synthetic
-    dataset = data_module.load_dataset(
-        data_config.dataset,
-        data_dir=Path(data_config.data_dir),
-        mirror=data_module.resolve_mirror(data_config.mirror),
-        synthetic=data_module.SyntheticSpec(
-            num_train=synthetic.num_train,
-            num_test=synthetic.num_test,
-            shape=tuple(synthetic.shape),
-            noise=synthetic.noise,
-            seed=seed,
-        ),
-    )
+    if data_config.prepared_dir is not None:
+        dataset = data_module.load_prepared(Path(data_config.prepared_dir), expected_name=data_config.dataset)
+    else:
+        dataset = data_module.load_dataset(
+            data_config.dataset,
+            data_dir=Path(data_config.data_dir),
+            mirror=data_module.resolve_mirror(data_config.mirror),
+            synthetic=data_module.SyntheticSpec(
+                num_train=synthetic.num_train,
+                num_test=synthetic.num_test,
+                shape=tuple(synthetic.shape),
+                noise=synthetic.noise,
+                seed=seed,
+            ),
+        )
     if data_config.train_subset is not None or data_config.test_subset is not None:
         dataset = data_module.subset(
             dataset, train=data_config.train_subset, test=data_config.test_subset, seed=derive_seed(seed, "subset")
@@ -157,6 +160,12 @@ def _config_json(config: ExperimentConfig) -> str:
     extended) and `runner` (any runner gives the same results)."""
     values = config.model_dump(mode="json", exclude={"runner": True, "federation": {"rounds"}})
     return json.dumps(values, indent=2, sort_keys=True) + "\n"
+
+
+def run_directory_matches(config: ExperimentConfig, run_dir: str | Path) -> bool:
+    """True when `run_dir` is new or holds a run of this config (so it can be resumed or extended)."""
+    path = RunPaths(run_dir).config
+    return not path.exists() or path.read_text(encoding="utf-8") == _config_json(config)
 
 
 def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None = None) -> int:

@@ -19,6 +19,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -156,7 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def quiet_environment() -> None:
+    for key, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
+
+
+def report_errors(action: Callable[[], int]) -> int:
+    """Run `action`; a known bad input becomes one line on stderr and exit status 2."""
     from fedcme_core.checkpoints import CheckpointError
     from fedcme_core.config import ConfigError
     from fedcme_core.data import DataError
@@ -165,17 +172,20 @@ def main(argv: list[str] | None = None) -> int:
 
     from .errors import TrackingError
 
-    arguments = build_parser().parse_args(argv)
-    for key, value in QUIET_ENVIRONMENT.items():
-        os.environ.setdefault(key, value)
     try:
-        return arguments.handler(arguments)
+        return action()
     except (ConfigError, DataError, PartitionError, CheckpointError, RunError, TrackingError) as error:
         print(f"fedcme: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fedcme: interrupted; run the same command again to resume from the last completed round", file=sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = build_parser().parse_args(argv)
+    quiet_environment()
+    return report_errors(lambda: arguments.handler(arguments))
 
 
 if __name__ == "__main__":

@@ -80,9 +80,10 @@ def train_flow(
     tracking_uri: str | None = None,
     partition_file: str | None = None,
     mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
+    config_section: str | None = None,
 ) -> dict[str, Any]:
     """Train one experiment (resuming it if its run directory holds completed rounds)."""
-    config = load_config(config_file, overrides=overrides)
+    config = load_config(config_file, overrides=overrides, section=config_section)
     return train(config, experiment, runs_dir, tracking_uri, partition_file, mlflow_experiment)
 
 
@@ -166,9 +167,10 @@ def run_training(
     tracking_uri: str | None = None,
     partition_file: str | None = None,
     mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
+    config_section: str | None = None,
 ) -> dict[str, Any]:
     """Validate the config (nothing is written for a bad one), then run the flow on its task runner."""
-    config = load_config(config_file, overrides=overrides)
+    config = load_config(config_file, overrides=overrides, section=config_section)
     configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner), flow_run_name=experiment)
     summary = configured_flow(
         config_file=str(config_file),
@@ -178,6 +180,7 @@ def run_training(
         tracking_uri=tracking_uri,
         partition_file=partition_file,
         mlflow_experiment=mlflow_experiment,
+        config_section=config_section,
     )
     if uses_temporary_server():
         summary["prefect_task_runs_recorded"] = wait_for_task_run_records(

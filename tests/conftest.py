@@ -17,6 +17,16 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
+def prefect_server():
+    """A real Prefect server for the session (prefect_test_harness); yields its API URL."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="session")
 def mirror() -> Path:
     """The offline dataset mirror (../shared/data beside the checkout, or FEDCME_DATA_MIRROR)."""
     path = Path(os.environ.get("FEDCME_DATA_MIRROR") or REPO_ROOT.parent / "shared" / "data")

@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from prefect.settings import PREFECT_API_URL
-from prefect.testing.utilities import prefect_test_harness
 
 from fedcme_core.checkpoints import load_checkpoint
 from fedcme_core.config import load_config
@@ -30,10 +28,9 @@ from .helpers import same_state
 SMOKE = str(REPO_ROOT / "configs" / "smoke.yaml")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def prefect_server():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield PREFECT_API_URL.value()
+@pytest.fixture(autouse=True)
+def _prefect(prefect_server):
+    """Every test here runs against the session's Prefect test server."""
 
 
 def train(tmp_path: Path, experiment: str, **overrides):

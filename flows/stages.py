@@ -1,0 +1,208 @@
+"""The DVC stages of the experiment pipeline (``dvc.yaml``): prepare, partition, train.
+
+    python -m flows.stages prepare   --dataset fmnist
+    python -m flows.stages partition --dataset fmnist --alpha 0.1 --clients 50 --seed 0
+    python -m flows.stages train     --method fedcme-mu001 --dataset fmnist --alpha 0.1 \\
+                                     --clients 50 --per-round 20 --seed 0
+
+Every stage reads ``params.yaml``: ``base`` is the experiment config every run starts from,
+``methods.<name>`` an algorithm section (plus an optional display ``label`` and ``group``),
+``datasets.<name>`` the model of each dataset, ``report.target_accuracy``. The report stage
+is ``python -m flows.report``. Outputs are written atomically; a train stage whose run
+directory holds another config starts that run over, one that holds the same config resumes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedcme_core.checkpoints import atomic_write_bytes, save_checkpoint
+from fedcme_core.config import ConfigError, load_config, read_yaml
+from fedcme_core.data import load_prepared, load_raw, resolve_mirror, save_prepared
+from fedcme_core.federation import completed_rounds, load_server_state, run_directory_matches
+from fedcme_core.metrics import history_csv, summarize
+from fedcme_core.partition import Partition, class_counts, save_partition
+
+PARAMS = "params.yaml"
+DATASET_LABELS = {"fmnist": "FMNIST", "cifar10": "CIFAR-10", "synthetic": "Synthetic"}
+
+
+def prepared_dir(dataset: str) -> Path:
+    return Path("data/prepared") / dataset
+
+
+def partition_name(dataset: str, alpha: float, clients: int, seed: int) -> str:
+    return f"{dataset}-a{alpha}-k{clients}-s{seed}"
+
+
+def experiment_name(method: str, dataset: str, alpha: float, clients: int, per_round: int, seed: int) -> str:
+    return f"{dataset}-a{alpha}-k{clients}m{per_round}-{method}-s{seed}"
+
+
+def setting_label(dataset: str, alpha: float, clients: int, per_round: int) -> str:
+    return f"{DATASET_LABELS.get(dataset, dataset)} α={alpha} K={clients} M={per_round}"
+
+
+def write_json(path: Path, value: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+# ----------------------------------------------------------------------------- prepare
+def prepare(arguments: argparse.Namespace) -> None:
+    """dataset -> verified uint8 arrays under data/prepared/<dataset> (from the mirror or a download)."""
+    base = load_config(arguments.params, section="base")
+    arrays = load_raw(arguments.dataset, data_dir=Path(base.data.data_dir), mirror=resolve_mirror(base.data.mirror))
+    meta = save_prepared(arguments.dataset, arrays, prepared_dir(arguments.dataset))
+    shapes = {key: record["shape"] for key, record in meta["arrays"].items()}
+    print(f"prepared {arguments.dataset}: {shapes}")
+
+
+# --------------------------------------------------------------------------- partition
+def heatmap(counts: np.ndarray, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, max(2.5, 0.12 * counts.shape[0] + 1)))
+    image = axes.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
+    axes.set_xlabel("class")
+    axes.set_ylabel("client")
+    axes.set_title(title)
+    axes.set_xticks(range(counts.shape[1]))
+    figure.colorbar(image, ax=axes, label="samples")
+    figure.tight_layout()
+    temporary = path.with_name(f".{path.name}.tmp.png")
+    figure.savefig(temporary, dpi=100, metadata={"Software": None})
+    plt.close(figure)
+    temporary.replace(path)
+
+
+def partition(arguments: argparse.Namespace) -> None:
+    """(dataset, alpha, K, seed) -> partition.npz, class_counts.json, heatmap.png."""
+    base = load_config(arguments.params, section="base")
+    labels = load_prepared(prepared_dir(arguments.dataset), expected_name=arguments.dataset).y_train.numpy()
+    result = Partition.create(
+        labels,
+        method=base.partition.method,
+        num_clients=arguments.clients,
+        alpha=arguments.alpha,
+        seed=arguments.seed,
+        min_size=base.partition.min_size,
+        sigma=base.partition.sigma,
+    )
+    out = Path("data/partitions") / partition_name(arguments.dataset, arguments.alpha, arguments.clients, arguments.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    save_partition(result, out / "partition.npz")
+    counts = class_counts(labels, result.clients, int(labels.max()) + 1)
+    write_json(out / "class_counts.json", {
+        "content_hash": result.content_hash,
+        "params": result.params,
+        "sizes": [int(size) for size in result.sizes],
+        "class_counts": counts.tolist(),
+    })
+    heatmap(counts, out / "heatmap.png", f"{arguments.dataset} α={arguments.alpha} K={arguments.clients}")
+    print(f"partition {out.name}: sizes {int(result.sizes.min())}..{int(result.sizes.max())}, hash {result.content_hash[:12]}")
+
+
+# ------------------------------------------------------------------------------- train
+def method_entry(params: dict, method: str) -> tuple[dict, str, str]:
+    """(algorithm section, display label, group) of `methods.<method>` in params.yaml."""
+    methods = params.get("methods") or {}
+    if method not in methods:
+        raise ConfigError(f"{PARAMS}: methods.{method}: not defined (known: {', '.join(sorted(methods))})")
+    entry = dict(methods[method])
+    return entry, str(entry.pop("label", method)), str(entry.pop("group", "main"))
+
+
+def train(arguments: argparse.Namespace) -> None:
+    """Run the Prefect training flow for one grid cell; write metrics/<exp>.json|.csv and models/<exp>.pt."""
+    from .train import run_training
+
+    params = read_yaml(arguments.params)
+    algorithm, label, group = method_entry(params, arguments.method)
+    dataset_options = (params.get("datasets") or {}).get(arguments.dataset, {})
+    experiment = experiment_name(
+        arguments.method, arguments.dataset, arguments.alpha, arguments.clients, arguments.per_round, arguments.seed
+    )
+    overrides: dict[str, Any] = {
+        "seed": arguments.seed,
+        "data.dataset": arguments.dataset,
+        "data.prepared_dir": str(prepared_dir(arguments.dataset)),
+        "partition.alpha": arguments.alpha,
+        "federation.num_clients": arguments.clients,
+        "federation.clients_per_round": arguments.per_round,
+        "algorithm": algorithm,
+        **{f"model.{key}": value for key, value in dataset_options.items()},
+    }
+    config = load_config(arguments.params, overrides=overrides, section="base")
+    run_dir = Path(arguments.runs_dir) / experiment
+    if not run_directory_matches(config, run_dir):
+        print(f"{experiment}: the config changed; starting this run over")
+        shutil.rmtree(run_dir)
+    partition_file = Path("data/partitions") / partition_name(
+        arguments.dataset, arguments.alpha, arguments.clients, arguments.seed
+    ) / "partition.npz"
+    run_training(
+        arguments.params,
+        experiment,
+        overrides=overrides,
+        runs_dir=arguments.runs_dir,
+        partition_file=str(partition_file),
+        config_section="base",
+    )
+    history = load_server_state(run_dir, completed_rounds(run_dir))["history"][: config.federation.rounds]
+    target = (params.get("report") or {}).get("target_accuracy")
+    summary = {
+        **summarize(history, target_accuracy=target),
+        "experiment": experiment,
+        "method": label,
+        "setting": setting_label(arguments.dataset, arguments.alpha, arguments.clients, arguments.per_round),
+        "group": group,
+    }
+    Path("metrics").mkdir(exist_ok=True)
+    write_json(Path("metrics") / f"{experiment}.json", summary)
+    atomic_write_bytes(Path("metrics") / f"{experiment}.csv", history_csv(history).encode("utf-8"))
+    model = load_server_state(run_dir, completed_rounds(run_dir))["model"]
+    save_checkpoint({"model": model, "experiment": experiment}, Path("models") / f"{experiment}.pt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flows.stages", description="DVC stages of the fedcme pipeline")
+    parser.add_argument("--params", default=PARAMS)
+    stages = parser.add_subparsers(dest="stage", required=True)
+    prepare_parser = stages.add_parser("prepare")
+    prepare_parser.add_argument("--dataset", required=True, choices=["fmnist", "cifar10"])
+    prepare_parser.set_defaults(handler=prepare)
+    partition_parser = stages.add_parser("partition")
+    train_parser = stages.add_parser("train")
+    for stage_parser in (partition_parser, train_parser):
+        stage_parser.add_argument("--dataset", required=True, choices=["fmnist", "cifar10"])
+        stage_parser.add_argument("--alpha", type=float, required=True)
+        stage_parser.add_argument("--clients", type=int, required=True)
+        stage_parser.add_argument("--seed", type=int, required=True)
+    partition_parser.set_defaults(handler=partition)
+    train_parser.add_argument("--method", required=True)
+    train_parser.add_argument("--per-round", type=int, required=True)
+    train_parser.add_argument("--runs-dir", default="runs")
+    train_parser.set_defaults(handler=train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .cli import quiet_environment, report_errors
+
+    arguments = build_parser().parse_args(argv)
+    quiet_environment()
+    return report_errors(lambda: arguments.handler(arguments) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The DVC pipeline for real: `dvc repro` of the smoke grid in a temporary copy of the repository."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO_ROOT
+
+EXPERIMENTS = ["fmnist-a0.5-k100m2-fedavg-s0", "fmnist-a0.5-k100m2-fedcme-mu001-s0", "fmnist-a0.5-k100m2-fedcme-no-exchange-s0"]
+PARTITION = Path("data/partitions/fmnist-a0.5-k100-s0")
+
+
+def run(command: list[str], cwd: Path, environment: dict) -> str:
+    result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def stages_run(output: str) -> list[str]:
+    return re.findall(r"Running stage '([^']+)'", output)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, mirror, prefect_server):
+    """A copy of the repository (git init, dvc init) whose params.yaml is the smoke grid, reproduced once."""
+    workdir = tmp_path_factory.mktemp("repo")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in files:
+        if (REPO_ROOT / name).is_file():
+            (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, workdir / name)
+    shutil.copy2(workdir / "configs" / "params-smoke.yaml", workdir / "params.yaml")
+    environment = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "FEDCME_DATA_MIRROR": str(mirror),
+        "PREFECT_API_URL": prefect_server,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
+        "DVC_NO_ANALYTICS": "1",
+    }
+    run(["git", "init", "-q"], workdir, environment)
+    run(["dvc", "init", "-q", "-f"], workdir, environment)
+    shutil.copy2(REPO_ROOT / ".dvc" / "config", workdir / ".dvc" / "config")
+    (workdir / ".dvc" / "plots").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(REPO_ROOT / ".dvc" / "plots" / "offline.html", workdir / ".dvc" / "plots" / "offline.html")
+    run(["git", "add", "-A"], workdir, environment)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], workdir, environment)
+    first = run(["dvc", "repro"], workdir, environment)
+    return workdir, environment, first
+
+
+def test_repro_creates_every_declared_output(pipeline):
+    workdir, _, output = pipeline
+
+    assert {"prepare@fmnist", "report"} <= set(stages_run(output))
+    expected = [
+        "data/prepared/fmnist/meta.json",
+        "data/prepared/fmnist/x_train.npy",
+        PARTITION / "partition.npz",
+        PARTITION / "class_counts.json",
+        PARTITION / "heatmap.png",
+        "reports/results.md",
+        "reports/accuracy.png",
+        "reports/accuracy-ablation.png",
+        *[f"models/{name}.pt" for name in EXPERIMENTS],
+        *[f"metrics/{name}.json" for name in EXPERIMENTS],
+        *[f"metrics/{name}.csv" for name in EXPERIMENTS],
+    ]
+    missing = [str(path) for path in expected if not (workdir / path).is_file()]
+    assert missing == []
+    report = (workdir / "reports" / "results.md").read_text()
+    assert "| FedAvg |" in report and "| FedCME(0.01) |" in report and "FedCME w/o exchange" in report
+
+
+def test_second_repro_does_nothing(pipeline):
+    workdir, environment, _ = pipeline
+
+    output = run(["dvc", "repro"], workdir, environment)
+
+    assert stages_run(output) == []
+
+
+def test_metrics_params_and_plots_work_offline(pipeline):
+    workdir, environment, _ = pipeline
+
+    metrics = run(["dvc", "metrics", "show"], workdir, environment)
+    params = run(["dvc", "params", "diff", "--all"], workdir, environment)
+    run(["dvc", "plots", "show", "-o", "plots-html"], workdir, environment)
+
+    assert "final_accuracy" in metrics and "fedcme-mu001" in metrics
+    assert "methods.fedcme-mu001" in params
+    page = (workdir / "plots-html" / "index.html").read_text()
+    assert "vegaEmbed" in page and not re.search(r"<script[^>]+src=", page)
+
+
+def test_changing_one_method_reruns_only_its_train_stage_and_the_report(pipeline):
+    workdir, environment, _ = pipeline
+    params = workdir / "params.yaml"
+    params.write_text(params.read_text().replace("{name: fedcme, mu: 0.01, label: FedCME(0.01)}",
+                                                 "{name: fedcme, mu: 0.05, label: FedCME(0.01)}"))
+
+    output = run(["dvc", "repro"], workdir, environment)
+
+    assert stages_run(output) == ["train@fedcme-mu001-fmnist-0.5-clients0-0", "report"]
+
+
+def test_partition_output_is_byte_identical_across_runs(pipeline):
+    workdir, environment, _ = pipeline
+    before = {name: (workdir / PARTITION / name).read_bytes() for name in ("partition.npz", "class_counts.json")}
+
+    run(["dvc", "repro", "--force", "--single-item", "partition@fmnist-0.5-clients0-0"], workdir, environment)
+
+    after = {name: (workdir / PARTITION / name).read_bytes() for name in before}
+    assert after == before
