@@ -31,6 +31,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from fedcme_core.checkpoints import atomic_write_bytes
 
@@ -268,6 +269,7 @@ def curves_png(entries: Sequence[Mapping[str, Any]], csv_directory: Path) -> byt
             axes.plot(rounds, percent, label=entry["method"], color=colors[entry["method"]])
         axes.set_title(setting, fontsize=10)
         axes.set_xlabel("round")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_ylabel("test accuracy (%)")
         axes.grid(alpha=0.3)
         axes.legend(fontsize=7)
