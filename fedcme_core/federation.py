@@ -243,7 +243,7 @@ def match_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, 
     }
 
 
-def _client_context(config, state, round_index, client_id, counts, run_dir) -> ClientContext:
+def _client_context(state, round_index, client_id, counts, run_dir) -> ClientContext:
     features = state["global_features"]
     previous = None
     state_round = state["client_state_rounds"].get(client_id)
@@ -295,7 +295,7 @@ def train_phase_step(
         run = load_local_run(start_checkpoint, model, config.training)
         if run.epochs_done != first_epoch:
             raise CheckpointError(f"{start_checkpoint}: holds {run.epochs_done} epochs, phase starts at {first_epoch}")
-    context = _client_context(config, state, round_index, client_id, counts, run_dir)
+    context = _client_context(state, round_index, client_id, counts, run_dir)
     hooks = algorithm.client_hooks(model, context)
 
     started = time.perf_counter()
