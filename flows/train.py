@@ -159,29 +159,12 @@ def train(
     return summary
 
 
-def run_training(
-    config_file: str,
-    experiment: str,
-    overrides: dict[str, Any] | None = None,
-    runs_dir: str = "runs",
-    tracking_uri: str | None = None,
-    partition_file: str | None = None,
-    mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
-    config_section: str | None = None,
-) -> dict[str, Any]:
-    """Validate the config (nothing is written for a bad one), then run the flow on its task runner."""
-    config = load_config(config_file, overrides=overrides, section=config_section)
+def run_training(config_file: str, experiment: str, **parameters: Any) -> dict[str, Any]:
+    """Validate the config (nothing is written for a bad one), then run `train_flow(config_file,
+    experiment, **parameters)` on the task runner its `runner` section names."""
+    config = load_config(config_file, overrides=parameters.get("overrides"), section=parameters.get("config_section"))
     configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner), flow_run_name=experiment)
-    summary = configured_flow(
-        config_file=str(config_file),
-        experiment=experiment,
-        overrides=dict(overrides or {}),
-        runs_dir=runs_dir,
-        tracking_uri=tracking_uri,
-        partition_file=partition_file,
-        mlflow_experiment=mlflow_experiment,
-        config_section=config_section,
-    )
+    summary = configured_flow(config_file=str(config_file), experiment=experiment, **parameters)
     if uses_temporary_server():
         summary["prefect_task_runs_recorded"] = wait_for_task_run_records(
             summary["prefect_flow_run_id"], summary["prefect_task_runs"]
