@@ -39,16 +39,16 @@ def same_state(first: SplitModel, second: SplitModel) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
 
-class IdentityModel(nn.Module):
-    """features(x) = x, classify(h) = h: hand-computable evaluation (the inputs are the logits)."""
+class LinearSplitModel(nn.Module):
+    """features(x) = x @ extractor.T, classify(h) = h @ classifier.T, with hand-set weights."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, extractor: torch.Tensor, classifier: torch.Tensor) -> None:
         super().__init__()
-        self.extractor = nn.Linear(dim, dim, bias=False)
-        self.classifier = nn.Linear(dim, dim, bias=False)
+        self.extractor = nn.Linear(extractor.shape[1], extractor.shape[0], bias=False)
+        self.classifier = nn.Linear(classifier.shape[1], classifier.shape[0], bias=False)
         with torch.no_grad():
-            self.extractor.weight.copy_(torch.eye(dim))
-            self.classifier.weight.copy_(torch.eye(dim))
+            self.extractor.weight.copy_(extractor)
+            self.classifier.weight.copy_(classifier)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.extractor(x)
@@ -58,3 +58,8 @@ class IdentityModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classify(self.features(x))
+
+
+def IdentityModel(dim: int) -> LinearSplitModel:
+    """features(x) = x, classify(h) = h: the inputs are the logits."""
+    return LinearSplitModel(torch.eye(dim), torch.eye(dim))

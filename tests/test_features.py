@@ -6,7 +6,6 @@ import io
 
 import pytest
 import torch
-from torch import nn
 
 from fedcme_core.features import (
     GlobalFeatures,
@@ -15,26 +14,12 @@ from fedcme_core.features import (
     local_features,
 )
 
+from .helpers import LinearSplitModel
 
-class HandSetModel(nn.Module):
+
+def HandSetModel() -> LinearSplitModel:
     """features(x) = x @ diag(1, 2).T; classify(h) = h @ ones(3, 2).T."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.extractor = nn.Linear(2, 2, bias=False)
-        self.classifier = nn.Linear(2, 3, bias=False)
-        with torch.no_grad():
-            self.extractor.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 2.0]]))
-            self.classifier.weight.fill_(1.0)
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.extractor(x)
-
-    def classify(self, h: torch.Tensor) -> torch.Tensor:
-        return self.classifier(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classify(self.features(x))
+    return LinearSplitModel(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.ones(3, 2))
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 1024])
