@@ -158,7 +158,8 @@ def train(arguments: argparse.Namespace) -> None:
         partition_file=str(partition_file),
         config_section="base",
     )
-    history = load_server_state(run_dir, completed_rounds(run_dir))["history"][: config.federation.rounds]
+    final_state = load_server_state(run_dir, completed_rounds(run_dir))
+    history = final_state["history"][: config.federation.rounds]
     target = (params.get("report") or {}).get("target_accuracy")
     summary = {
         **summarize(history, target_accuracy=target),
@@ -170,8 +171,7 @@ def train(arguments: argparse.Namespace) -> None:
     Path("metrics").mkdir(exist_ok=True)
     write_json(Path("metrics") / f"{experiment}.json", summary)
     atomic_write_bytes(Path("metrics") / f"{experiment}.csv", history_csv(history).encode("utf-8"))
-    model = load_server_state(run_dir, completed_rounds(run_dir))["model"]
-    save_checkpoint({"model": model, "experiment": experiment}, Path("models") / f"{experiment}.pt")
+    save_checkpoint({"model": final_state["model"], "experiment": experiment}, Path("models") / f"{experiment}.pt")
 
 
 def build_parser() -> argparse.ArgumentParser:
