@@ -1,12 +1,16 @@
-"""Atomic, safe checkpoint files.
+"""Atomic, hashed, safe checkpoint files.
 
 Every file is written to a temporary name in its own folder and renamed into place, so a
-crash never leaves a half-written file under the final name, and every load uses
-``torch.load(..., weights_only=True)``: only tensors and plain containers, never pickled code.
+crash never leaves a half-written file under the final name. A checkpoint is a header
+(``FEDCME-CHECKPOINT-1`` and the SHA-256 of the body) followed by a ``torch.save`` body, so
+a truncated or bit-flipped file is detected on load (torch's zip reader loads a flipped
+tensor byte silently). Every load uses ``torch.load(..., weights_only=True)``: only tensors
+and plain containers, never pickled code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tempfile
@@ -19,6 +23,8 @@ import torch
 
 
 FILE_MODE = 0o644  # what open() would give under the usual umask (mkstemp makes 0600)
+MAGIC = b"FEDCME-CHECKPOINT-1\n"
+DIGEST_SIZE = hashlib.sha256().digest_size
 
 
 class CheckpointError(ValueError):
@@ -49,23 +55,36 @@ def atomic_write_bytes(path: str | Path, payload: bytes) -> None:
         handle.write(payload)
 
 
-def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
-    """torch.save `payload` (tensors and plain containers) atomically to `path`."""
+def checkpoint_bytes(payload: dict[str, Any]) -> bytes:
+    """The bytes of a checkpoint file: header, SHA-256 of the body, torch.save body."""
     buffer = io.BytesIO()
     torch.save(payload, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
+    body = buffer.getvalue()
+    return MAGIC + hashlib.sha256(body).digest() + body
+
+
+def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
+    """Write `payload` (tensors and plain containers) atomically to `path`, with its hash."""
+    atomic_write_bytes(path, checkpoint_bytes(payload))
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint` (weights_only); errors name the file."""
+    """Load a checkpoint written by :func:`save_checkpoint`, verifying its hash; errors name the file."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
+    content = path.read_bytes()
+    if not content.startswith(MAGIC):
+        raise CheckpointError(f"{path}: not a fedcme checkpoint (header missing; truncated or another format?)")
+    digest, body = content[len(MAGIC) : len(MAGIC) + DIGEST_SIZE], content[len(MAGIC) + DIGEST_SIZE :]
+    if hashlib.sha256(body).digest() != digest:
+        raise CheckpointError(f"{path}: content hash mismatch (truncated or corrupted; {len(content)} bytes)")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
+        payload = torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
     except Exception as error:  # torch raises RuntimeError/UnpicklingError/EOFError/zipfile errors
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupted?): {reason}") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint: {reason}") from None
     if not isinstance(payload, dict):
         raise CheckpointError(f"{path}: not a checkpoint written by fedcme (top level is {type(payload).__name__})")
     return payload
+

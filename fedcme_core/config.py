@@ -63,12 +63,25 @@ class FederationConfig(_Frozen):
     num_clients: int = Field(50, ge=1, description="K")
     clients_per_round: int = Field(20, ge=1, description="M")
     rounds: int = Field(100, ge=1, description="T")
+    # A round is aggregated when at least this many selected clients return a usable update;
+    # fewer stops the run with an error naming the failures (see README, When things go wrong).
+    min_clients: int = Field(1, ge=1)
+    # Simulated availability: each selected client drops out of a round with this probability
+    # (seeded by seed, round and client); its FedCME counterpart trains on without exchange.
+    dropout: float = Field(0.0, ge=0, lt=1)
+    # An update whose last local-epoch loss exceeds this is rejected as diverged (None: only
+    # non-finite losses, parameters or features are rejected).
+    max_update_loss: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _selected_within_clients(self) -> FederationConfig:
         if self.clients_per_round > self.num_clients:
             raise ValueError(
                 f"clients_per_round (M={self.clients_per_round}) must be <= num_clients (K={self.num_clients})"
+            )
+        if self.min_clients > self.clients_per_round:
+            raise ValueError(
+                f"min_clients ({self.min_clients}) must be <= clients_per_round (M={self.clients_per_round})"
             )
         return self
 
@@ -133,6 +146,9 @@ class RunnerConfig(_Frozen):
     dask_address: str | None = None
     # Keep each round's swap/exchanged/upload checkpoints instead of deleting them at commit.
     keep_round_files: bool = False
+    # How often a client's local-training task that raised is run again before the client
+    # counts as dropped from the round (its inputs are files, so a retry starts afresh).
+    retries: int = Field(1, ge=0)
 
 
 AlgorithmConfig = Annotated[
@@ -169,8 +185,8 @@ class ExperimentConfig(_Frozen):
             )
         if self.data.dataset == "synthetic" and self.partition.min_size * self.federation.num_clients > self.data.synthetic.num_train:
             raise ValueError(
-                f"partition.min_size: {self.federation.num_clients} clients x {self.partition.min_size} samples "
-                f"exceed data.synthetic.num_train ({self.data.synthetic.num_train})"
+                f"partition.min_size: federation.num_clients ({self.federation.num_clients}) x partition.min_size "
+                f"({self.partition.min_size}) samples exceed data.synthetic.num_train ({self.data.synthetic.num_train})"
             )
         return self
 

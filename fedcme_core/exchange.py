@@ -7,7 +7,9 @@ After floor(E/2) local epochs, counterparts k and j swap classifiers (Algorithm 
 The ablations swap the feature extractor theta or the whole model instead. The optimizer
 state (momentum) of the received parameters is reset; the rest is kept (SPEC.md choice).
 Receivers are computed from the donors' phase-1 checkpoints, all read before any is
-written, so many-to-one matching (one donor, several receivers) is well defined.
+written, so many-to-one matching (one donor, several receivers) is well defined. A donor
+whose phase-1 model holds non-finite values gives nothing (its receiver trains on with its
+own model), so one diverged client cannot poison its counterpart.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Literal
 import torch
 
 from .checkpoints import load_checkpoint, save_checkpoint
+from .faults import state_problem
 from .models import is_classifier_key
 
 ExchangePart = Literal["classifier", "extractor", "model"]
@@ -61,17 +64,24 @@ def reset_optimizer_state(optimizer_state: dict[str, Any], parameter_names: list
 
 def exchange_checkpoints(
     swap_checkpoints: Mapping[int, Path], donors: Mapping[int, int], part: ExchangePart, destinations: Mapping[int, Path]
-) -> None:
+) -> list[int]:
     """SPEC step 5 (the barrier): each receiver's phase-2 start checkpoint gets its donor's `part`.
 
     `swap_checkpoints` maps client -> phase-1 checkpoint, `donors` receiver -> donor,
     `destinations` receiver -> where its phase-2 start checkpoint goes. Sources are never
-    overwritten, so the exchange can be repeated after a crash.
+    overwritten, so the exchange can be repeated after a crash. Returns the receivers that
+    received (those whose donor's model is finite).
     """
     payloads = {client: load_checkpoint(swap_checkpoints[client]) for client in {*donors, *donors.values()}}
+    usable_donors = {client for client in set(donors.values()) if state_problem(payloads[client]["model"]) is None}
+    received_by = []
     for receiver, donor in sorted(donors.items()):
+        if donor not in usable_donors:
+            continue
+        received_by.append(receiver)
         payload = payloads[receiver]
         model_state = receive_part(payload["model"], payloads[donor]["model"], part)
         received = set(exchanged_keys(list(payload["model"]), part))
         optimizer = reset_optimizer_state(payload["optimizer"], payload["parameter_names"], received)
         save_checkpoint({**payload, "model": model_state, "optimizer": optimizer, "received_from": donor}, destinations[receiver])
+    return received_by

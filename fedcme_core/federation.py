@@ -13,15 +13,21 @@ flow in ``flows/``, or the in-process :class:`SerialExecutor`) can run the clien
 phase in parallel on any worker without live objects crossing. :func:`run_round` is the
 only round loop; an executor only decides where the steps run. A round becomes visible
 when :func:`commit_round` renames the next server state into place, so a run killed
-mid-round resumes from the last committed round with identical results.
+mid-round resumes from the last committed round with identical results. The server state
+before it is kept too, so a run whose latest state file is found corrupted resumes from the
+last intact round. Clients that drop out, fail or send unusable updates are left out of
+the round (``faults.py``) as long as ``federation.min_clients`` remain.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import re
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +43,7 @@ from .checkpoints import CheckpointError, atomic_write_bytes, load_checkpoint, s
 from .config import ExperimentConfig
 from .evaluation import evaluate
 from .exchange import exchange_checkpoints
+from .faults import StepFailure, dropped_clients, require_enough_clients, surviving_donors, update_problem
 from .features import GlobalFeatures, aggregate_global_features, local_features
 from .matching import eval_subset, evaluation_vector
 from .models import SplitModel, build_model, resolve_device
@@ -47,6 +54,10 @@ from .training import load_local_run, save_local_run, start_local_run, train_epo
 
 class RunError(ValueError):
     """A run directory cannot be used for this config; the message says why."""
+
+
+class RecoveryWarning(UserWarning):
+    """A run directory held a corrupted file; the run resumes from the last intact round."""
 
 
 # ----------------------------------------------------------------------------- layout
@@ -88,6 +99,21 @@ class RunPaths:
 
     def client_state(self, client_id: int, round_index: int) -> Path:
         return self.root / "clients" / f"client-{client_id:04d}-round-{round_index:04d}.pt"
+
+
+EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_experiment_name(name: str) -> str:
+    """An experiment name is one path component: letters, digits, '.', '_', '-' (no '/', no '..')."""
+    if not EXPERIMENT_NAME.match(name) or ".." in name:
+        raise RunError(f"experiment name {name!r}: use letters, digits, '.', '_' and '-' only (no '/' or '..')")
+    return name
+
+
+def experiment_run_dir(runs_dir: str | Path, experiment: str) -> Path:
+    """runs_dir/experiment, for a name that cannot escape `runs_dir`."""
+    return Path(runs_dir) / check_experiment_name(experiment)
 
 
 def completed_rounds(run_dir: str | Path) -> int:
@@ -181,6 +207,7 @@ def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: s
             raise RunError(f"{paths.root}: holds a run of a different config; use a new experiment name or directory")
     dataset = load_experiment_dataset(config.data, config.seed)
     labels = dataset.y_train.numpy()
+    last_intact_round(paths.root)
     if not paths.partition.exists():
         if partition_file is not None:
             partition = load_partition(Path(partition_file), labels=labels)
@@ -210,6 +237,28 @@ def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: s
             paths.server_state(0),
         )
     return completed_rounds(paths.root)
+
+
+def last_intact_round(run_dir: str | Path) -> int:
+    """The latest committed round whose server state loads; corrupted later states are moved
+    aside (``round-XXXX.pt.corrupt``, never deleted) with a :class:`RecoveryWarning`."""
+    paths = RunPaths(run_dir)
+    while True:
+        latest = completed_rounds(paths.root)
+        path = paths.server_state(latest)
+        if not path.exists():
+            return latest
+        try:
+            load_checkpoint(path)
+            return latest
+        except CheckpointError as error:
+            if not paths.server_state(latest - 1).exists():
+                raise CheckpointError(f"{error}; no earlier intact round to resume from") from None
+            quarantine = path.with_name(path.name + ".corrupt")
+            os.replace(path, quarantine)
+            warnings.warn(
+                f"{error}; moved to {quarantine.name}, resuming from round {latest - 1}", RecoveryWarning, stacklevel=2
+            )
 
 
 def load_server_state(run_dir: str | Path, round_index: int) -> dict[str, Any]:
@@ -347,21 +396,46 @@ def exchange_step(
     clients = {*donors, *donors.values()}
     sources = {client: paths.swap_checkpoint(round_index, client) for client in clients}
     destinations = {client: paths.exchanged_checkpoint(round_index, client) for client in donors}
-    if donors:
-        exchange_checkpoints(sources, donors, algorithm.exchange_part, destinations)
-    return {client: str(path) for client, path in destinations.items()}
+    received = exchange_checkpoints(sources, donors, algorithm.exchange_part, destinations) if donors else []
+    return {client: str(destinations[client]) for client in received}
 
 
 def phase_two_start(run_dir: str | Path, round_index: int, client_id: int, exchanged: dict[int, str]) -> str:
     return exchanged.get(client_id, str(RunPaths(run_dir).swap_checkpoint(round_index, client_id)))
 
 
-def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, clients: list[int]) -> dict[str, Any]:
-    """SPEC step 8: w^{t+1}, zeta^{t+1} and the evaluation-vector table, to a pending file."""
+def usable_uploads(
+    config: ExperimentConfig, run_dir: str | Path, round_index: int, clients: list[int]
+) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    """The uploads the server accepts, and client -> why each other upload is rejected."""
     paths = RunPaths(run_dir)
+    accepted, rejected = [], {}
+    for client in sorted(clients):
+        try:
+            upload = load_checkpoint(paths.upload(round_index, client))
+        except CheckpointError as error:
+            rejected[int(client)] = str(error)
+            continue
+        problem = update_problem(upload, config.federation.max_update_loss)
+        if problem is None:
+            accepted.append(upload)
+        else:
+            rejected[int(client)] = problem
+    return accepted, rejected
+
+
+def aggregate_step(
+    config: ExperimentConfig, run_dir: str | Path, round_index: int, clients: list[int], lost: dict[int, str] | None = None
+) -> dict[str, Any]:
+    """SPEC step 8: w^{t+1}, zeta^{t+1} and the evaluation-vector table, to a pending file.
+
+    Updates with non-finite values or a diverged loss are rejected first; `lost` (client ->
+    reason) names the clients that dropped out or failed, for the error when too few remain.
+    """
     algorithm = build_algorithm(config.algorithm)
     state = load_server_state(run_dir, round_index)
-    uploads = [load_checkpoint(paths.upload(round_index, client)) for client in sorted(clients)]
+    uploads, rejected = usable_uploads(config, run_dir, round_index, clients)
+    require_enough_clients(round_index, len(uploads), config.federation.min_clients, {**(lost or {}), **rejected})
     weights = [float(upload["num_samples"]) for upload in uploads]
     model = weighted_average([upload["model"] for upload in uploads], weights)
 
@@ -388,14 +462,19 @@ def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: i
             "client_state_rounds": client_state_rounds,
             "train_loss": train_loss,
         },
-        paths.aggregate(round_index),
+        RunPaths(run_dir).aggregate(round_index),
     )
     uploaded_vectors = {
         int(upload["client"]): [float(value) for value in upload["evaluation_vector"]]
         for upload in uploads
         if algorithm.uses_evaluation_vectors
     }
-    return {"train_loss": train_loss, "clients": len(uploads), "evaluation_vectors": uploaded_vectors}
+    return {
+        "train_loss": train_loss,
+        "clients": len(uploads),
+        "evaluation_vectors": uploaded_vectors,
+        "rejected": rejected,
+    }
 
 
 def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int) -> dict[str, Any]:
@@ -428,12 +507,21 @@ def commit_round(config: ExperimentConfig, run_dir: str | Path, round_index: int
         },
         paths.server_state(round_index + 1),
     )
-    paths.server_state(round_index).unlink(missing_ok=True)
+    # Keep the states of rounds t and t+1 (the fallback if t+1 is found corrupted) and the
+    # client states they refer to; older ones are superseded.
+    for stale in paths.server_state(round_index).parent.glob("round-*.pt"):
+        if stale.name < paths.server_state(round_index).name:
+            stale.unlink(missing_ok=True)
     if not config.runner.keep_round_files:
         shutil.rmtree(paths.round_dir(round_index), ignore_errors=True)
-    for client, state_round in previous["client_state_rounds"].items():
-        if pending["client_state_rounds"].get(client) != state_round:
-            paths.client_state(client, state_round).unlink(missing_ok=True)
+    referenced = {
+        paths.client_state(client, state_round)
+        for state in (previous, pending)
+        for client, state_round in state["client_state_rounds"].items()
+    }
+    for stored in paths.client_state(0, 0).parent.glob("client-*-round-*.pt"):
+        if stored not in referenced:
+            stored.unlink(missing_ok=True)
     return record
 
 
@@ -443,7 +531,12 @@ class Executor(Protocol):
 
     def call(self, step: str, function: Callable[..., Any], *args: Any) -> Any: ...
 
-    def map(self, step: str, function: Callable[..., Any], arguments: Sequence[tuple]) -> list[Any]: ...
+    def map(
+        self, step: str, function: Callable[..., Any], arguments: Sequence[tuple], retries: int = 0
+    ) -> list[Any | StepFailure]:
+        """function(*args) for each args (in parallel where it can), each run up to
+        1 + `retries` times; one that still raises gives a :class:`StepFailure` in its place."""
+        ...
 
 
 class SerialExecutor:
@@ -452,8 +545,20 @@ class SerialExecutor:
     def call(self, step: str, function: Callable[..., Any], *args: Any) -> Any:
         return function(*args)
 
-    def map(self, step: str, function: Callable[..., Any], arguments: Sequence[tuple]) -> list[Any]:
-        return [function(*args) for args in arguments]
+    def map(
+        self, step: str, function: Callable[..., Any], arguments: Sequence[tuple], retries: int = 0
+    ) -> list[Any | StepFailure]:
+        return [_with_retries(function, args, retries) for args in arguments]
+
+
+def _with_retries(function: Callable[..., Any], args: tuple, retries: int) -> Any | StepFailure:
+    for attempt in range(retries + 1):
+        try:
+            return function(*args)
+        except Exception as error:  # a client's failure is data for the round, not the run's end
+            if attempt == retries:
+                return StepFailure.from_exception(error)
+    raise AssertionError("unreachable")
 
 
 def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, executor: Executor) -> dict[str, Any]:
@@ -471,22 +576,36 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
 
     selected = executor.call("select", select_step, config, round_index)
     matching = executor.call("match", match_step, config, run_dir, round_index, selected)
+    # Simulated availability: the server matched them, but they never train this round.
+    dropped = dropped_clients(selected, config.federation.dropout, seed=config.seed, round_index=round_index)
+    training = [client for client in selected if client not in dropped]
+    failed: dict[int, str] = {}
+
+    def train_phase(phase_index: int, starts: dict[int, str]) -> list[dict[str, Any]]:
+        """Train `training` for one phase; clients whose task still fails after retries leave the round."""
+        arguments = [(config, run_dir, round_index, client, phase_index, starts.get(client)) for client in training]
+        results = executor.map("train_phase", train_phase_step, arguments, config.runner.retries)
+        finished = []
+        for client, result in zip(list(training), results, strict=True):
+            if isinstance(result, StepFailure):
+                failed[client] = f"local training (phase {phase_index + 1}) failed: {result.reason}"
+                training.remove(client)
+            else:
+                finished.append(result)
+        return finished
+
     phases = phase_epochs(config, algorithm)
-    summaries = timed("phase1", lambda: executor.map(
-        "train_phase", train_phase_step, [(config, run_dir, round_index, client, 0, None) for client in selected]
-    ))
+    summaries = timed("phase1", lambda: train_phase(0, {}))
     if len(phases) == 2:
-        donors = {int(receiver): int(donor) for receiver, donor in matching["donors"].items()}
+        # SPEC step 5: counterparts exchange; one whose partner is lost trains on with its own model.
+        donors = surviving_donors({int(r): int(d) for r, d in matching["donors"].items()}, training)
         exchanged = timed("exchange", lambda: executor.call("exchange", exchange_step, config, run_dir, round_index, donors))
-        summaries += timed("phase2", lambda: executor.map(
-            "train_phase",
-            train_phase_step,
-            [
-                (config, run_dir, round_index, client, 1, phase_two_start(run_dir, round_index, client, exchanged))
-                for client in selected
-            ],
-        ))
-    aggregate = timed("aggregate", lambda: executor.call("aggregate", aggregate_step, config, run_dir, round_index, selected))
+        starts = {client: phase_two_start(run_dir, round_index, client, exchanged) for client in training}
+        summaries += timed("phase2", lambda: train_phase(1, starts))
+    lost = {**{client: "dropped out (simulated availability)" for client in dropped}, **failed}
+    aggregate = timed(
+        "aggregate", lambda: executor.call("aggregate", aggregate_step, config, run_dir, round_index, training, lost)
+    )
     metrics = timed("evaluate", lambda: executor.call("evaluate", evaluate_step, config, run_dir, round_index))
     record = {
         "round": round_index,
@@ -497,6 +616,11 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
         **metrics,
         "client_train_seconds": float(sum(summary["seconds"] for summary in summaries)),
         "samples_trained": int(sum(summary["samples"] for summary in summaries)),
+        "aggregated_clients": aggregate["clients"],
+        "dropped_clients": len(dropped),
+        "failed_clients": len(failed),
+        "rejected_clients": len(aggregate["rejected"]),
+        "failures": {**failed, **aggregate["rejected"]},
         **timings,
     }
     record["round_seconds"] = time.perf_counter() - round_started

@@ -10,7 +10,9 @@ history (one record per global round, ``round`` = 0..T-1, with ``test_accuracy``
   ``final_window`` rounds, a choice of SPEC.md), the best accuracy and its round, the
   accuracy after round ceil(T * k / fractions) for k = 1..fractions, the rounds to reach a
   target accuracy and the total wall time;
-- :func:`history_csv`: the per-round CSV text that DVC plots and the report's figures read.
+- :func:`history_csv`: the per-round CSV text that DVC plots and the report's figures read;
+- :func:`with_content_hash` / :func:`verify_content_hash`: a summary's SHA-256, so an edited or
+  corrupted metrics file is named when the report reads it.
 
 Round counts in the outputs are 1-based: "after round r" means after r global rounds,
 i.e. the record whose ``round`` is r - 1.
@@ -18,6 +20,8 @@ i.e. the record whose ``round`` is r - 1.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -124,3 +128,22 @@ def history_csv(history: Sequence[Mapping[str, Any]]) -> str:
         values += [repr(float(record[column])) for column in CSV_COLUMNS[1:]]
         lines.append(",".join(values))
     return "\n".join(lines) + "\n"
+
+
+HASH_KEY = "content_sha256"
+
+
+def _canonical_sha256(values: Mapping[str, Any]) -> str:
+    text = json.dumps({key: value for key, value in values.items() if key != HASH_KEY}, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def with_content_hash(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """`summary` plus ``content_sha256``: the SHA-256 of its other keys as canonical JSON."""
+    return {**summary, HASH_KEY: _canonical_sha256(summary)}
+
+
+def verify_content_hash(entry: Mapping[str, Any], source: str) -> None:
+    """Raise ValueError naming `source` when a metrics entry's ``content_sha256`` does not match it."""
+    if HASH_KEY in entry and entry[HASH_KEY] != _canonical_sha256(entry):
+        raise ValueError(f"{source}: content hash mismatch (edited or corrupted metrics file)")

@@ -3,11 +3,13 @@
     fedcme train    --config params.yaml --experiment NAME [--set training.lr=0.05 ...]
     fedcme simulate --config params.yaml --experiment NAME [--set ...]
     fedcme serve    --config params.yaml --experiment NAME --cron "0 2 * * *"
+    fedcme sync     --experiment NAME [--tracking-uri URI]
 
 ``train`` runs the Prefect training flow and tracks it in MLflow; ``simulate`` runs the same
 round loop in this process without orchestrator or tracking; ``serve`` serves the training
 flow as a scheduled Prefect deployment. All resume ``runs/NAME`` when it holds a partial run
-of the same config.
+of the same config. ``sync`` logs a run directory's rounds and model into MLflow when
+tracking failed during training.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
-from pathlib import Path
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -32,19 +33,9 @@ QUIET_ENVIRONMENT = {
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "DASK_LOGGING__DISTRIBUTED": "error",
     "MLFLOW_LOGGING_LEVEL": "WARNING",
+    # Prefect's temporary server gets 20 s to start by default; a busy shared machine needs more.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
 }
-
-EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-
-def experiment_name(value: str) -> str:
-    """An experiment name is one path component: letters, digits, '.', '_', '-' (no '/', no '..')."""
-    if not EXPERIMENT_NAME.match(value) or ".." in value:
-        raise argparse.ArgumentTypeError(
-            f"experiment name {value!r}: use letters, digits, '.', '_' and '-' only (no '/' or '..')"
-        )
-    return value
-
 
 def parse_override(text: str) -> tuple[str, Any]:
     """`key.path=value`, the value read as YAML (numbers, booleans, lists)."""
@@ -66,10 +57,10 @@ def round_line(record: dict[str, Any], total_rounds: int, started: float, first_
 
 def simulate(arguments: argparse.Namespace) -> int:
     from fedcme_core.config import load_config
-    from fedcme_core.federation import completed_rounds, run_experiment
+    from fedcme_core.federation import completed_rounds, experiment_run_dir, run_experiment
 
     config = load_config(arguments.config, overrides=dict(arguments.overrides))
-    run_dir = Path(arguments.runs_dir) / arguments.experiment
+    run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
     first_round = completed_rounds(run_dir) if run_dir.exists() else 0
     total = config.federation.rounds
     print(f"experiment {arguments.experiment}: {config.algorithm.name} on {config.data.dataset}, "
@@ -126,9 +117,19 @@ def serve(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def sync(arguments: argparse.Namespace) -> int:
+    from fedcme_core.federation import experiment_run_dir
+
+    from .train import sync_run
+
+    summary = sync_run(experiment_run_dir(arguments.runs_dir, arguments.experiment), arguments.tracking_uri)
+    print(json.dumps(summary))
+    return 0
+
+
 def _experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="params.yaml", help="experiment config (YAML)")
-    parser.add_argument("--experiment", type=experiment_name, default="default", help="run name (runs/NAME)")
+    parser.add_argument("--experiment", default="default", help="run name (runs/NAME)")
     parser.add_argument("--runs-dir", default="runs", help="folder holding the run directories")
     parser.add_argument("--set", dest="overrides", type=parse_override, action="append", default=[],
                         metavar="KEY=VALUE", help="override a config key, e.g. training.lr=0.05")
@@ -154,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser.add_argument("--cron", default=None, help='a cron schedule, e.g. "0 2 * * *" (none: run on demand)')
     serve_parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI for the runs")
     serve_parser.set_defaults(handler=serve)
+
+    sync_parser = commands.add_parser("sync", help="log a run directory's rounds and model into MLflow")
+    sync_parser.add_argument("--experiment", required=True, help="run name (runs/NAME)")
+    sync_parser.add_argument("--runs-dir", default="runs", help="folder holding the run directories")
+    sync_parser.add_argument("--tracking-uri", default=None,
+                             help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    sync_parser.set_defaults(handler=sync)
     return parser
 
 
@@ -167,6 +175,7 @@ def report_errors(action: Callable[[], int]) -> int:
     from fedcme_core.checkpoints import CheckpointError
     from fedcme_core.config import ConfigError
     from fedcme_core.data import DataError
+    from fedcme_core.faults import RoundError
     from fedcme_core.federation import RunError
     from fedcme_core.partition import PartitionError
 
@@ -174,7 +183,7 @@ def report_errors(action: Callable[[], int]) -> int:
 
     try:
         return action()
-    except (ConfigError, DataError, PartitionError, CheckpointError, RunError, TrackingError) as error:
+    except (ConfigError, DataError, PartitionError, CheckpointError, RunError, RoundError, TrackingError) as error:
         print(f"fedcme: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -182,10 +191,32 @@ def report_errors(action: Callable[[], int]) -> int:
         return 130
 
 
+_library_showwarning = warnings.showwarning
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Our recovery warnings as one line, `fedcme: warning: ...`; the libraries' as Python shows them."""
+    from fedcme_core.federation import RecoveryWarning
+
+    if issubclass(category, RecoveryWarning):
+        print(f"fedcme: warning: {message}", file=sys.stderr, flush=True)
+    else:
+        _library_showwarning(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = build_parser().parse_args(argv)
     quiet_environment()
-    return report_errors(lambda: arguments.handler(arguments))
+    warnings.showwarning = show_warning
+    return report_errors(lambda: run_command(arguments))
+
+
+def run_command(arguments: argparse.Namespace) -> int:
+    """Check the experiment name (it becomes a folder under --runs-dir), then run the command."""
+    from fedcme_core.federation import check_experiment_name
+
+    check_experiment_name(arguments.experiment)
+    return arguments.handler(arguments)
 
 
 if __name__ == "__main__":

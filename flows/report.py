@@ -34,6 +34,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedcme_core.checkpoints import atomic_write_bytes
+from fedcme_core.metrics import verify_content_hash
 
 IDENTIFYING_KEYS = ("experiment", "method", "setting", "group")
 SUMMARY_KEYS = ("rounds", "final_accuracy", "best_accuracy", "accuracy_at", "rounds_to_target")
@@ -48,8 +49,9 @@ FIGURE_DPI = 120
 def load_metrics(directory: Path) -> list[dict[str, Any]]:
     """Every ``*.json`` metrics file of `directory`, sorted by file name.
 
-    Raises ValueError naming the file when it is not valid JSON, not an object, lacks a
-    required key (named too) or has a group other than "main" / "ablation".
+    Raises ValueError naming the file when it is not valid JSON, not an object, does not
+    match its ``content_sha256``, lacks a required key (named too) or has a group other than
+    "main" / "ablation".
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -62,6 +64,7 @@ def load_metrics(directory: Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: not valid JSON ({error})") from None
         if not isinstance(entry, dict):
             raise ValueError(f"{path}: expected a JSON object, got {type(entry).__name__}")
+        verify_content_hash(entry, str(path))
         for key in REQUIRED_KEYS:
             if key not in entry:
                 raise ValueError(f"{path}: lacks the required key {key!r}")

@@ -27,7 +27,7 @@ from fedcme_core.checkpoints import atomic_write_bytes, save_checkpoint
 from fedcme_core.config import ConfigError, load_config, read_yaml
 from fedcme_core.data import load_prepared, load_raw, resolve_mirror, save_prepared
 from fedcme_core.federation import completed_rounds, load_server_state, run_directory_matches
-from fedcme_core.metrics import history_csv, summarize
+from fedcme_core.metrics import history_csv, summarize, with_content_hash
 from fedcme_core.partition import Partition, class_counts, save_partition
 
 PARAMS = "params.yaml"
@@ -169,7 +169,7 @@ def train(arguments: argparse.Namespace) -> None:
         "group": group,
     }
     Path("metrics").mkdir(exist_ok=True)
-    write_json(Path("metrics") / f"{experiment}.json", summary)
+    write_json(Path("metrics") / f"{experiment}.json", with_content_hash(summary))
     atomic_write_bytes(Path("metrics") / f"{experiment}.csv", history_csv(history).encode("utf-8"))
     save_checkpoint({"model": final_state["model"], "experiment": experiment}, Path("models") / f"{experiment}.pt")
 

@@ -19,6 +19,7 @@ from prefect.cache_policies import NONE
 
 from fedcme_core import federation
 from fedcme_core.config import ExperimentConfig, RunnerConfig
+from fedcme_core.faults import StepFailure
 
 TASK_OPTIONS = {"cache_policy": NONE, "persist_result": False}
 
@@ -74,8 +75,10 @@ def exchange_task(config: ExperimentConfig, run_dir: str, round_index: int, dono
 
 
 @task(name="aggregate", **TASK_OPTIONS)
-def aggregate_task(config: ExperimentConfig, run_dir: str, round_index: int, clients: list[int]) -> dict[str, Any]:
-    return federation.aggregate_step(config, run_dir, round_index, clients)
+def aggregate_task(
+    config: ExperimentConfig, run_dir: str, round_index: int, clients: list[int], lost: dict[int, str]
+) -> dict[str, Any]:
+    return federation.aggregate_step(config, run_dir, round_index, clients, lost)
 
 
 @task(name="evaluate", **TASK_OPTIONS)
@@ -110,9 +113,18 @@ class PrefectExecutor:
         self.task_runs += 1
         return STEP_TASKS[step](*args)
 
-    def map(self, step: str, function, arguments) -> list[Any]:
+    def map(self, step: str, function, arguments, retries: int = 0) -> list[Any | StepFailure]:
+        """One local-train task per client, retried by Prefect; a task that still fails gives a StepFailure."""
         if step != "train_phase":
             raise ValueError(f"no parallel task for step {step!r}")
         self.task_runs += len(arguments)
-        futures = [train_phase_task.submit(*args, self.torch_threads) for args in arguments]
-        return [future.result() for future in futures]
+        client_task = train_phase_task.with_options(retries=retries)
+        futures = [client_task.submit(*args, self.torch_threads) for args in arguments]
+        return [_result_or_failure(future) for future in futures]
+
+
+def _result_or_failure(future) -> Any | StepFailure:
+    try:
+        return future.result()
+    except Exception as error:  # the task failed after its retries: the round decides what follows
+        return StepFailure.from_exception(error)

@@ -8,6 +8,11 @@ round as step; each round's matching pairs and evaluation vectors as a JSON arti
 final global model through ``mlflow.pytorch.log_model``. The run directory's history is
 the source of truth: :meth:`RunTracker.sync` logs exactly the rounds MLflow lacks, so a
 crash between a round's commit and its logging leaves no step missing or duplicated.
+
+An unreachable tracking server is reported before training starts (:func:`check_reachable`,
+seconds, not MLflow's minutes of retries). A tracking failure mid-run never stops training:
+the tracker warns once and stops logging, the results stay in the run directory, and
+``fedcme sync`` logs them later.
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import numpy as np
+import torch
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -40,7 +49,16 @@ ROUND_METRICS = (
     "phase2_seconds",
     "aggregate_seconds",
     "evaluate_seconds",
+    "aggregated_clients",
+    "dropped_clients",
+    "failed_clients",
+    "rejected_clients",
 )
+# What serving the logged model needs, stated (MLflow's own inference of it runs pip in a
+# subprocess for many seconds per run).
+PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
+# MLflow retries an unanswered HTTP request for minutes by default; a run should learn sooner.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 MAX_PARAMS_PER_BATCH = 100
 
 
@@ -56,6 +74,23 @@ def artifact_location(uri: str) -> str | None:
     return None
 
 
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """Raise TrackingError at once when an http(s) tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
+            pass
+    except urllib.error.HTTPError:
+        return  # something answered: MLflow's own calls will tell what is wrong
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise TrackingError(
+            f"MLflow tracking server {uri} is not reachable ({reason}); start it "
+            "(mlflow server --host 127.0.0.1) or use --tracking-uri sqlite:///mlflow.db"
+        ) from None
+
+
 def git_commit(directory: Path) -> str:
     try:
         result = subprocess.run(
@@ -69,10 +104,13 @@ def git_commit(directory: Path) -> str:
 class RunTracker:
     """The MLflow run of one experiment's run directory."""
 
-    def __init__(self, client: MlflowClient, uri: str, run_id: str) -> None:
+    def __init__(self, client: MlflowClient, uri: str, run_id: str, run_dir: Path) -> None:
         self.client = client
         self.uri = uri
         self.run_id = run_id
+        self.run_dir = run_dir
+        self.failure: str | None = None  # set by the first failed call; later calls are skipped
+        self._logged: set[int] | None = None
 
     @classmethod
     def open(
@@ -85,6 +123,9 @@ class RunTracker:
         tags: Mapping[str, str],
     ) -> RunTracker:
         """Check the store answers (before any training), then create or reopen the run `run_name`."""
+        for key, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        check_reachable(uri)
         client = MlflowClient(tracking_uri=uri)
         try:
             found = client.get_experiment_by_name(mlflow_experiment)
@@ -108,7 +149,7 @@ class RunTracker:
             atomic_write_bytes(record_file, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
         else:
             client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
-        return cls(client, uri, run_id)
+        return cls(client, uri, run_id, run_dir)
 
     @staticmethod
     def _reusable_run(client: MlflowClient, record_file: Path, uri: str) -> str | None:
@@ -123,42 +164,85 @@ class RunTracker:
             return None
         return record["run_id"]
 
+    def _guarded(self, what: str, action):
+        """Run a tracking call; the first failure is reported once and turns tracking off for the run."""
+        if self.failure is not None:
+            return None
+        try:
+            return action()
+        except Exception as error:  # mlflow raises MlflowException, OSError, requests errors...
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            self.failure = f"{what}: {reason}"
+            print(
+                f"warning: MLflow tracking failed ({self.failure}); training goes on and its results are kept in "
+                f"{self.run_dir}; log them later with `fedcme sync --experiment {self.run_dir.name}`",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
+
     def logged_rounds(self) -> set[int]:
-        return {metric.step for metric in self.client.get_metric_history(self.run_id, ROUND_METRICS[0])}
+        if self._logged is None:
+            self._logged = {metric.step for metric in self.client.get_metric_history(self.run_id, ROUND_METRICS[0])}
+        return self._logged
 
     def sync(self, history: Iterable[Mapping[str, Any]]) -> int:
         """Log every round of `history` that the MLflow run lacks; returns how many were logged."""
-        logged = self.logged_rounds()
-        missing = [record for record in history if record["round"] not in logged]
-        for record in missing:
+        missing = self._guarded("reading the logged rounds", lambda: [
+            record for record in history if record["round"] not in self.logged_rounds()
+        ])
+        for record in missing or []:
             self.log_round(record)
-        return len(missing)
+        return len(missing or [])
 
     def log_round(self, record: Mapping[str, Any]) -> None:
+        """Log one round (metrics in one batch, its matching and failures as JSON), once per step."""
         step = int(record["round"])
+        if self._guarded("reading the logged rounds", self.logged_rounds) is None or step in self.logged_rounds():
+            return
         timestamp = int(time.time() * 1000)
         metrics = [
             Metric(name, float(record[name]), timestamp, step) for name in ROUND_METRICS if record.get(name) is not None
         ]
-        self.client.log_batch(self.run_id, metrics=metrics)
-        matching = {
+        round_file = {
             "round": step,
             "selected": record.get("selected", []),
             "pairs": record.get("pairs", []),
             "evaluation_vectors": record.get("evaluation_vectors", {}),
+            "failures": record.get("failures", {}),
         }
-        self.client.log_dict(self.run_id, matching, f"matching/round-{step:04d}.json")
 
-    def log_model(self, model, input_example: np.ndarray) -> str:
+        def log() -> bool:
+            self.client.log_batch(self.run_id, metrics=metrics)
+            self.client.log_dict(self.run_id, round_file, f"matching/round-{step:04d}.json")
+            return True
+
+        if self._guarded(f"logging round {step}", log):
+            self.logged_rounds().add(step)
+
+    def log_model(self, model, input_example: np.ndarray) -> str | None:
         """Log the final global model; returns its model URI (loadable by mlflow.pytorch.load_model)."""
-        mlflow.set_tracking_uri(self.uri)
-        with mlflow.start_run(run_id=self.run_id):
-            info = mlflow.pytorch.log_model(model, name="model", input_example=input_example)
-        self.client.set_tag(self.run_id, "model_uri", info.model_uri)
-        return info.model_uri
+
+        def log() -> str:
+            mlflow.set_tracking_uri(self.uri)
+            with mlflow.start_run(run_id=self.run_id):
+                info = mlflow.pytorch.log_model(
+                    model, name="model", input_example=input_example, pip_requirements=PIP_REQUIREMENTS
+                )
+            self.client.set_tag(self.run_id, "model_uri", info.model_uri)
+            return info.model_uri
+
+        return self._guarded("logging the model", log)
+
+    def logged_model_uri(self) -> str | None:
+        run = self._guarded("reading the run", lambda: self.client.get_run(self.run_id))
+        return None if run is None else run.data.tags.get("model_uri")
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()])
+        self._guarded(
+            "setting tags",
+            lambda: self.client.log_batch(self.run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()]),
+        )
 
     def finish(self, status: str = "FINISHED") -> None:
-        self.client.set_terminated(self.run_id, status=status)
+        self._guarded("ending the run", lambda: self.client.set_terminated(self.run_id, status=status))

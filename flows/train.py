@@ -8,11 +8,13 @@ floor(E/2) and writes swap checkpoints) -> exchange (barrier) -> phase 2 -> aggr
 evaluate -> commit. The clients of a phase run on the configured task runner: ``sequential``,
 ``threads`` (default) or ``dask`` (prefect-dask's DaskTaskRunner on a LocalCluster bound to
 127.0.0.1, or an existing scheduler). Re-running an experiment resumes after its last
-committed round and logs into the same MLflow run.
+committed round and logs into the same MLflow run; :func:`sync_run` (``fedcme sync``) logs a
+run directory's rounds and model into MLflow after the fact (when tracking failed mid-run).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Mapping
@@ -25,18 +27,22 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from fedcme_core.config import ExperimentConfig, RunnerConfig, load_config
+from fedcme_core.config import ExperimentConfig, RunnerConfig, config_from_dict, load_config
 from fedcme_core.federation import (
+    RunError,
     RunPaths,
     completed_rounds,
+    experiment_run_dir,
     final_model,
     load_experiment_dataset,
+    load_server_state,
     run_experiment,
 )
 from fedcme_core.partition import load_partition
 
+from .errors import TrackingError
 from .tasks import PrefectExecutor, worker_layout
-from .tracking import RunTracker, git_commit, resolve_tracking_uri
+from .tracking import RunTracker, check_reachable, git_commit, resolve_tracking_uri
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_MLFLOW_EXPERIMENT = "fedcme"
@@ -96,7 +102,7 @@ def train(
     mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
 ) -> dict[str, Any]:
     logger = get_run_logger()
-    run_dir = Path(runs_dir) / experiment
+    run_dir = experiment_run_dir(runs_dir, experiment)
     _, threads = worker_layout(config.runner)
     torch.set_num_threads(threads)
     uri = resolve_tracking_uri(tracking_uri)
@@ -153,6 +159,7 @@ def train(
         "mlflow_run_id": tracker.run_id,
         "model_uri": model_uri,
         "tracking_uri": uri,
+        "tracking_failure": tracker.failure,
         "prefect_flow_run_id": str(flow_run.get_id()),
         "prefect_task_runs": executor.task_runs,
     }
@@ -163,6 +170,9 @@ def run_training(config_file: str, experiment: str, **parameters: Any) -> dict[s
     """Validate the config (nothing is written for a bad one), then run `train_flow(config_file,
     experiment, **parameters)` on the task runner its `runner` section names."""
     config = load_config(config_file, overrides=parameters.get("overrides"), section=parameters.get("config_section"))
+    # A bad dataset or an unreachable tracking server stops us here, before anything is written.
+    load_experiment_dataset(config.data, config.seed)
+    check_reachable(resolve_tracking_uri(parameters.get("tracking_uri")))
     configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner), flow_run_name=experiment)
     summary = configured_flow(config_file=str(config_file), experiment=experiment, **parameters)
     if uses_temporary_server():
@@ -209,6 +219,37 @@ def wait_for_task_run_records(flow_run_id: str, expected: int, timeout: float = 
         time.sleep(0.5)
         recorded = recorded_task_runs(flow_run_id)
     return recorded
+
+
+def sync_run(
+    run_dir: str | Path, tracking_uri: str | None = None, mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT
+) -> dict[str, Any]:
+    """Log a run directory's committed rounds and final model into MLflow (those it lacks)."""
+    paths = RunPaths(run_dir)
+    if not paths.config.is_file():
+        raise RunError(f"{paths.root}: not a run directory (no config.json)")
+    rounds = completed_rounds(paths.root)
+    if rounds == 0:
+        raise RunError(f"{paths.root}: no completed round to log")
+    values = json.loads(paths.config.read_text(encoding="utf-8"))
+    values["federation"]["rounds"] = rounds
+    config = config_from_dict(values, source=str(paths.config))
+    uri = resolve_tracking_uri(tracking_uri)
+    history = load_server_state(paths.root, rounds)["history"]
+    tracker = RunTracker.open(
+        uri, mlflow_experiment, paths.root.name, paths.root, params=config.flat(),
+        tags={"git_commit": git_commit(PROJECT_DIR), "dataset": config.data.dataset, "algorithm": config.algorithm.name},
+    )
+    logged = tracker.sync(history)
+    model_uri = tracker.logged_model_uri()
+    if model_uri is None and tracker.failure is None:
+        dataset = load_experiment_dataset(config.data, config.seed)
+        model_uri = tracker.log_model(final_model(config, paths.root), dataset.x_test[:2].numpy())
+    tracker.finish("FINISHED")
+    if tracker.failure is not None:
+        raise TrackingError(f"MLflow tracking store {uri}: {tracker.failure}")
+    return {"run_dir": str(paths.root), "rounds": rounds, "rounds_logged": logged, "mlflow_run_id": tracker.run_id,
+            "model_uri": model_uri, "tracking_uri": uri}
 
 
 if __name__ == "__main__":

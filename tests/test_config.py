@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedcme_core.config import (
     ConfigError,
@@ -10,6 +14,7 @@ from fedcme_core.config import (
     FedCMEConfig,
     FedProxConfig,
     MoonConfig,
+    apply_overrides,
     config_from_dict,
     load_config,
 )
@@ -122,3 +127,47 @@ def test_top_level_must_be_a_mapping(tmp_path):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="missing.yaml: config file not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+# ------------------------------------------------------------------ property-based
+VALID = config_from_dict(
+    {"data": {"dataset": "synthetic"}, "federation": {"num_clients": 8, "clients_per_round": 4, "rounds": 2},
+     "training": {"local_epochs": 2}}
+)
+LEAVES = sorted(VALID.flat())
+JUNK = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(LEAVES + ["training.unknown", "extra", "algorithm.name"]), value=JUNK)
+def test_any_single_bad_value_is_accepted_or_named_in_one_line(key, value):
+    values = apply_overrides(VALID.model_dump(mode="json"), {key: value})
+    try:
+        config = config_from_dict(values, source="params.yaml")
+    except ConfigError as error:
+        message = str(error)
+        assert message.startswith("params.yaml: ") and "\n" not in message
+        leaf = key.rsplit(".", 1)[-1]
+        assert leaf in message or "algorithm.name" in message or key.split(".")[0] in message
+    else:
+        assert not (isinstance(value, float) and not math.isfinite(value)), "nan/inf must never be accepted"
+        assert config_from_dict(config.model_dump(mode="json")) == config
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lr=st.floats(1e-6, 10, allow_nan=False), clients=st.integers(1, 500), share=st.floats(0.01, 1.0),
+    alpha=st.floats(1e-3, 100), seed=st.integers(0, 2**31),
+)
+def test_valid_configs_survive_a_round_trip(lr, clients, share, alpha, seed):
+    per_round = max(1, int(clients * share))
+    values = apply_overrides(VALID.model_dump(mode="json"), {
+        "training.lr": lr, "federation.num_clients": clients, "federation.clients_per_round": per_round,
+        "partition.alpha": alpha, "seed": seed, "partition.min_size": 1, "data.synthetic.num_train": max(10, clients),
+    })
+    config = config_from_dict(values)
+    assert config_from_dict(config.model_dump(mode="json")) == config
+    assert config.federation.clients_per_round == per_round and config.training.lr == lr

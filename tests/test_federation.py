@@ -124,7 +124,7 @@ class CrashingExecutor(SerialExecutor):
         self._maybe_crash(step, args)
         return function(*args)
 
-    def map(self, step, function, arguments):
+    def map(self, step, function, arguments, retries=0):
         results = []
         for args in arguments:
             if len(results) == 1:
@@ -157,8 +157,16 @@ def test_moon_resumes_with_the_right_previous_models(tmp_path, synthetic_config)
     resumed = run_experiment(config, tmp_path / "crashed")
 
     assert without_timings(resumed) == without_timings(straight)
-    kept = sorted(path.name for path in (tmp_path / "crashed" / "clients").iterdir())
-    assert len(kept) == len({name.split("-round-")[0] for name in kept})  # one state per client
+    run_dir = tmp_path / "crashed"
+    kept = {path.name for path in (run_dir / "clients").iterdir()}
+    states = [load_server_state(run_dir, round_index) for round_index in (2, 3)]  # the latest and its fallback
+    referenced = {
+        RunPaths(run_dir).client_state(client, state_round).name
+        for state in states
+        for client, state_round in state["client_state_rounds"].items()
+    }
+    assert kept == referenced
+    assert sorted(path.name for path in (run_dir / "server").iterdir()) == ["round-0002.pt", "round-0003.pt"]
 
 
 def test_extending_a_run_continues_from_its_last_round(tmp_path, synthetic_config):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedcme_core.metrics import history_csv
+from fedcme_core.metrics import history_csv, with_content_hash
 from flows.report import (
     ablation_table,
     load_metrics,
@@ -291,4 +291,14 @@ def test_load_metrics_names_the_file_and_the_missing_key(tmp_path):
 
     # Execute / Assert
     with pytest.raises(ValueError, match=r"no-method\.json.*'method'"):
+        load_metrics(tmp_path)
+
+
+def test_load_metrics_names_an_edited_file_by_its_content_hash(tmp_path):
+    entry = with_content_hash(metrics_entry("edited", "FedAvg", LOW_ALPHA, 0.5))
+    (tmp_path / "intact.json").write_text(json.dumps(entry), encoding="utf-8")
+    assert load_metrics(tmp_path) == [entry]
+
+    (tmp_path / "edited.json").write_text(json.dumps({**entry, "final_accuracy": 0.99}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"edited\.json: content hash mismatch"):
         load_metrics(tmp_path)

@@ -57,7 +57,7 @@ def test_truncated_checkpoint_is_named(tmp_path):
     save_local_run(fresh_run(), path)
     path.write_bytes(path.read_bytes()[:200])
 
-    with pytest.raises(CheckpointError, match=r"client\.pt: not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match=r"client\.pt: content hash mismatch \(truncated or corrupted"):
         load_local_run(path, build_model("fmnist_cnn"), TRAINING)
 
 
