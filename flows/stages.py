@@ -25,10 +25,11 @@ import numpy as np
 
 from fedcme_core.checkpoints import atomic_write_bytes, save_checkpoint
 from fedcme_core.config import ConfigError, load_config, read_yaml
-from fedcme_core.data import load_prepared, load_raw, resolve_mirror, save_prepared
+from fedcme_core.data import load_prepared, load_raw, resolve_mirror, save_prepared, subset
 from fedcme_core.federation import completed_rounds, load_server_state, run_directory_matches
 from fedcme_core.metrics import history_csv, summarize, with_content_hash
 from fedcme_core.partition import Partition, class_counts, save_partition
+from fedcme_core.seeding import derive_seed
 
 PARAMS = "params.yaml"
 DATASET_LABELS = {"fmnist": "FMNIST", "cifar10": "CIFAR-10", "synthetic": "Synthetic"}
@@ -86,9 +87,15 @@ def heatmap(counts: np.ndarray, path: Path, title: str) -> None:
 
 
 def partition(arguments: argparse.Namespace) -> None:
-    """(dataset, alpha, K, seed) -> partition.npz, class_counts.json, heatmap.png."""
+    """(dataset, alpha, K, seed) -> partition.npz, class_counts.json, heatmap.png.
+
+    With `data.train_subset`, the clients share the same seeded subset the training run loads.
+    """
     base = load_config(arguments.params, section="base")
-    labels = load_prepared(prepared_dir(arguments.dataset), expected_name=arguments.dataset).y_train.numpy()
+    dataset = load_prepared(prepared_dir(arguments.dataset), expected_name=arguments.dataset)
+    if base.data.train_subset is not None:
+        dataset = subset(dataset, train=base.data.train_subset, test=None, seed=derive_seed(arguments.seed, "subset"))
+    labels = dataset.y_train.numpy()
     result = Partition.create(
         labels,
         method=base.partition.method,
