@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -76,6 +77,8 @@ def test_repro_creates_every_declared_output(pipeline):
     ]
     missing = [str(path) for path in expected if not (workdir / path).is_file()]
     assert missing == []
+    counts = json.loads((workdir / PARTITION / "class_counts.json").read_text())
+    assert sum(counts["sizes"]) == 6000  # the partition covers the params' seeded train_subset
     report = (workdir / "reports" / "results.md").read_text()
     assert "| FedAvg |" in report and "| FedCME(0.01) |" in report and "FedCME w/o exchange" in report
 
