@@ -47,5 +47,13 @@ train: install
 test: install
 	$(PY) -m pytest
 
+# Benchmarks (bench/, figures in BENCHMARKS.md): JSON lines appended to bench/results.jsonl.
+.PHONY: bench bench-quick
+bench: install
+	$(PY) bench/run_all.py
+
+bench-quick: install
+	$(PY) bench/run_all.py --quick --jobs 2
+
 clean:
 	rm -rf runs .pytest_cache mlflow.db mlartifacts data/prepared data/partitions models metrics reports

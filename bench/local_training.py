@@ -1,21 +1,17 @@
 """Local-training throughput: our client loop against a bare PyTorch loop on the same batches.
 
-Prints one JSON line per measurement and appends it to bench/results.jsonl. Both loops
-train `fmnist_cnn` (or `cifar_cnn`) on the same in-memory tensors, batch size, optimizer
-and thread count; the ratio is measured side by side in one process (medians of repeats).
+Prints one JSON line per model and appends it to bench/results.jsonl. The loops train
+`fmnist_cnn` and `cifar_cnn` on the same in-memory tensors, batch size, optimizer and thread
+count: a bare PyTorch loop, our FedAvg client (``training.train_epochs`` with no hooks) and
+our FedCME client with feature alignment on. Ratios are measured side by side in one process
+(variants interleaved, medians of repeats). Targets: FedAvg/bare >= 0.95, FedCME/bare >= 0.85.
 
-    .venv/bin/python bench/local_training.py [--model fmnist_cnn] [--samples 2048] [--repeats 5]
+    .venv/bin/python bench/local_training.py [--model all|fmnist_cnn|cifar_cnn] [--samples N] [--repeats 9] [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import statistics
-import time
-from pathlib import Path
-
+import common
 import torch
 import torch.nn.functional as F
 
@@ -26,7 +22,9 @@ from fedcme_core.models import MODEL_INPUT_SHAPES, build_model
 from fedcme_core.seeding import torch_generator
 from fedcme_core.training import ClientHooks, start_local_run, train_epochs
 
-RESULTS = Path(__file__).with_name("results.jsonl")
+# Samples per timed epoch (full mode): about one second of training each on one thread.
+DEFAULT_SAMPLES = {"fmnist_cnn": 1536, "cifar_cnn": 4096}
+QUICK_SAMPLES = 128  # quick mode: two batches per timed epoch, 1 repeat (after the untimed warm-up)
 
 
 def bare_loop(model, inputs, labels, batch_size, config: TrainingConfig) -> None:
@@ -46,58 +44,50 @@ def ours(model, inputs, labels, batch_size, config: TrainingConfig, hooks: Clien
     train_epochs(run, inputs, labels, hooks, 1, batch_size)
 
 
-def timed(action) -> float:
-    started = time.perf_counter()
-    action()
-    return time.perf_counter() - started
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="fmnist_cnn", choices=sorted(MODEL_INPUT_SHAPES))
-    parser.add_argument("--samples", type=int, default=2048)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    arguments = parser.parse_args()
-    torch.set_num_threads(arguments.threads)
-    config = TrainingConfig(batch_size=arguments.batch_size)
+def measure(model_name: str, samples: int, batch_size: int, repeats: int) -> dict:
+    config = TrainingConfig(batch_size=batch_size)
     generator = torch.Generator().manual_seed(0)
-    inputs = torch.randn(arguments.samples, *MODEL_INPUT_SHAPES[arguments.model], generator=generator)
-    labels = torch.randint(10, (arguments.samples,), generator=generator)
-    feature_dim = build_model(arguments.model).feature_dim
+    inputs = torch.randn(samples, *MODEL_INPUT_SHAPES[model_name], generator=generator)
+    labels = torch.randint(10, (samples,), generator=generator)
+    feature_dim = build_model(model_name).feature_dim
     alignment = AlignmentHooks(
         GlobalFeatures(values=torch.randn(10, feature_dim), defined=torch.ones(10, dtype=torch.bool)),
         mu=0.01, reduction="mean", device=torch.device("cpu"),
     )
     variants = {
-        "bare_pytorch": lambda model: bare_loop(model, inputs, labels, arguments.batch_size, config),
-        "fedavg": lambda model: ours(model, inputs, labels, arguments.batch_size, config, ClientHooks()),
-        "fedcme_alignment": lambda model: ours(model, inputs, labels, arguments.batch_size, config, alignment),
+        "bare_pytorch": lambda: bare_loop(build_model(model_name, seed=0), inputs, labels, batch_size, config),
+        "fedavg": lambda: ours(build_model(model_name, seed=0), inputs, labels, batch_size, config, ClientHooks()),
+        "fedcme_alignment": lambda: ours(build_model(model_name, seed=0), inputs, labels, batch_size, config, alignment),
     }
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
-    for name, action in variants.items():  # warm-up
-        action(build_model(arguments.model, seed=0))
-    for _ in range(arguments.repeats):  # interleaved, so machine noise hits every variant alike
-        for name, action in variants.items():
-            seconds[name].append(timed(lambda: action(build_model(arguments.model, seed=0))))
-    throughput = {name: arguments.samples / statistics.median(values) for name, values in seconds.items()}
-    record = {
-        "bench": "local_training",
-        "model": arguments.model,
-        "samples": arguments.samples,
-        "batch_size": arguments.batch_size,
+    seconds = common.interleaved(variants, repeats)
+    throughput = {name: samples / common.median(values) for name, values in seconds.items()}
+    return {
+        "model": model_name,
+        "samples": samples,
+        "batch_size": batch_size,
+        "repeats": repeats,
         "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "machine": f"{platform.machine()} {torch.get_num_threads()}t/{__import__('os').cpu_count()} cores",
-        "samples_per_second": {name: round(value, 1) for name, value in throughput.items()},
-        "ratio_fedavg_vs_bare": round(throughput["fedavg"] / throughput["bare_pytorch"], 3),
-        "ratio_fedcme_vs_bare": round(throughput["fedcme_alignment"] / throughput["bare_pytorch"], 3),
+        "samples_per_second": common.rounded(throughput, 1),
+        "ratio_fedavg_vs_bare": common.ratio(throughput["fedavg"], throughput["bare_pytorch"]),
+        "ratio_fedcme_vs_bare": common.ratio(throughput["fedcme_alignment"], throughput["bare_pytorch"]),
+        "targets": {"ratio_fedavg_vs_bare": ">= 0.95", "ratio_fedcme_vs_bare": ">= 0.85"},
     }
-    line = json.dumps(record)
-    print(line)
-    with RESULTS.open("a", encoding="utf-8") as handle:
-        handle.write(line + "\n")
+
+
+def main() -> None:
+    parser = common.parser(__doc__)
+    parser.add_argument("--model", default="all", choices=["all", *sorted(MODEL_INPUT_SHAPES)])
+    parser.add_argument("--samples", type=int, default=None, help="samples per timed epoch (default: per model)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    arguments = parser.parse_args()
+    torch.set_num_threads(arguments.threads)
+    repeats = arguments.repeats or (1 if arguments.quick else 9)
+    models = sorted(MODEL_INPUT_SHAPES) if arguments.model == "all" else [arguments.model]
+    for model_name in models:
+        samples = arguments.samples or (QUICK_SAMPLES if arguments.quick else DEFAULT_SAMPLES[model_name])
+        record = measure(model_name, samples, arguments.batch_size, repeats)
+        common.emit("local_training", record, arguments.results, quick=arguments.quick)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,335 @@
+"""Shared helpers of the benchmark scripts under bench/.
+
+Every script prints one JSON line per measurement and appends it to a results file
+(`bench/results.jsonl` unless `--results PATH`). A record holds the bench name, the machine
+(architecture, cores this process may use, torch version and threads), the parameters,
+the raw figures (medians of repeats) and the ratios, which are measured side by side in one
+run with the variants interleaved (absolute times drift on shared machines, ratios less).
+
+Scripts run as `python bench/NAME.py`, so this module is imported as `common`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+RESULTS = BENCH_DIR / "results.jsonl"
+
+# No telemetry or analytics from the stack; a user's own settings win.
+QUIET_ENVIRONMENT = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "DASK_LOGGING__DISTRIBUTED": "error",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+    # A temporary Prefect server on a busy machine (fresh database) can take longer than the default 20 s.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+}
+
+# Decompressed Fashion-MNIST / CIFAR-10 files (from the read-only mirror), outside the repo and
+# shared by the scripts so that only the first run decompresses and verifies them.
+DATA_CACHE = Path(tempfile.gettempdir()) / "fedcme-bench-data"
+
+
+def quiet_environment() -> None:
+    """Call before importing prefect, mlflow or distributed."""
+    for key, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "machine": platform.machine(),
+        "cores": cores(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def parser(description: str | None) -> argparse.ArgumentParser:
+    """The options every script has: --quick, --results, --repeats."""
+    parser = argparse.ArgumentParser(description=(description or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smallest sizes, 1 repeat: checks the script works")
+    parser.add_argument("--results", type=Path, default=RESULTS, help=f"JSON-lines file to append to ({RESULTS})")
+    parser.add_argument("--repeats", type=int, default=None, help="repeats per variant (median reported)")
+    return parser
+
+
+def emit(bench: str, record: Mapping[str, Any], results: Path | str = RESULTS, **extra: Any) -> dict[str, Any]:
+    """Print one JSON line and append it to `results`."""
+    line_record = {"bench": bench, **machine(), **extra, **record}
+    line_record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    line = json.dumps(line_record, default=_plain)
+    print(line, flush=True)
+    results = Path(results)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with results.open("a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+    return line_record
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def median(values) -> float:
+    return float(statistics.median(values))
+
+
+def rounded(values: Mapping[str, float], digits: int = 4) -> dict[str, float]:
+    return {key: round(float(value), digits) for key, value in values.items()}
+
+
+def ratio(numerator: float, denominator: float, digits: int = 3) -> float | None:
+    return round(numerator / denominator, digits) if denominator else None
+
+
+def timed(action: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of each variant, `repeats` times, variants interleaved so that machine noise
+    hits them alike (after `warmup` untimed runs of each)."""
+    for _ in range(warmup):
+        for action in variants.values():
+            action()
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, action in variants.items():
+            seconds[name].append(timed(action))
+    return seconds
+
+
+# ------------------------------------------------------------------------------ data
+def data_mirror() -> Path | None:
+    """The offline dataset mirror: $FEDCME_DATA_MIRROR, else ../shared/data beside the repo."""
+    configured = os.environ.get("FEDCME_DATA_MIRROR")
+    for candidate in (configured, REPO_ROOT.parent / "shared" / "data"):
+        if candidate and (Path(candidate) / "fashion-mnist").is_dir():
+            return Path(candidate)
+    return None
+
+
+def data_section(dataset: str, *, train_subset: int | None = None, test_subset: int | None = None,
+                 synthetic: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A `data` config section: real data from the mirror (decompressed under DATA_CACHE), or
+    the synthetic dataset of the same shape when no mirror exists (the record says which)."""
+    if dataset != "synthetic" and data_mirror() is None:
+        print(f"bench: no data mirror, using synthetic data instead of {dataset}", file=sys.stderr)
+        shape = [3, 32, 32] if dataset == "cifar10" else [1, 28, 28]
+        return {"dataset": "synthetic", "synthetic": {"num_train": train_subset or 60000,
+                                                       "num_test": test_subset or 10000, "shape": shape}}
+    if dataset == "synthetic":
+        return {"dataset": "synthetic", "synthetic": dict(synthetic or {})}
+    section: dict[str, Any] = {"dataset": dataset, "mirror": str(data_mirror()), "data_dir": str(DATA_CACHE)}
+    if train_subset is not None:
+        section["train_subset"] = train_subset
+    if test_subset is not None:
+        section["test_subset"] = test_subset
+    return section
+
+
+def experiment_values(
+    *,
+    data: Mapping[str, Any],
+    clients: int,
+    per_round: int,
+    epochs: int,
+    rounds: int = 1,
+    algorithm: Mapping[str, Any] | None = None,
+    model: str = "fmnist_cnn",
+    alpha: float = 0.1,
+    min_size: int = 10,
+    runner: Mapping[str, Any] | None = None,
+    batch_size: int = 64,
+) -> dict[str, Any]:
+    """A complete experiment config as plain values (for config_from_dict or a YAML file)."""
+    return {
+        "seed": 0,
+        "device": "cpu",
+        "data": dict(data),
+        "partition": {"method": "dirichlet", "alpha": alpha, "min_size": min_size},
+        "federation": {"num_clients": clients, "clients_per_round": per_round, "rounds": rounds},
+        "training": {"local_epochs": epochs, "batch_size": batch_size},
+        "model": {"name": model},
+        "algorithm": dict(algorithm or {"name": "fedcme", "mu": 0.01}),
+        "runner": dict(runner or {"kind": "threads", "workers": 2, "threads_per_worker": 1}),
+    }
+
+
+def describe(config) -> dict[str, Any]:
+    """The parameters of an experiment config that a benchmark record names."""
+    data = config.data
+    return {
+        "dataset": data.dataset,
+        "train_samples": data.train_subset or (data.synthetic.num_train if data.dataset == "synthetic" else None),
+        "model": config.model.name,
+        "algorithm": config.algorithm.name,
+        "K": config.federation.num_clients,
+        "M": config.federation.clients_per_round,
+        "E": config.training.local_epochs,
+        "batch_size": config.training.batch_size,
+        "alpha": config.partition.alpha,
+    }
+
+
+# ----------------------------------------------------------------------- processes
+def tree_rss_bytes(pid: int, proportional: bool = False) -> int:
+    """Resident memory of a process and all its descendants (bytes): the sum of their RSS, or
+    with `proportional` of their PSS (shared pages such as torch's libraries split between the
+    processes sharing them; needs psutil, slower)."""
+    try:
+        import psutil
+    except ImportError:
+        return 0 if proportional else _proc_tree_rss(pid)
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_full_info().pss if proportional else process.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+            pass
+    return total
+
+
+def _proc_tree_rss(pid: int) -> int:
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                pending += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return total
+
+
+# --------------------------------------------------------------- shared Prefect server
+SHARED_PREFECT_API_URL = "FEDCME_BENCH_PREFECT_API_URL"  # set by `run_all.py --quick` for overhead and startup
+
+
+def shared_prefect_api_url(quick: bool) -> str | None:
+    """The quick suite's shared Prefect server (its API URL), if run_all gave one; full mode never
+    uses one (each measurement starts its own temporary server)."""
+    return (os.environ.get(SHARED_PREFECT_API_URL) or None) if quick else None
+
+
+class PrefectServer:
+    """A temporary Prefect server for the whole quick suite (one start instead of one per
+    script): the command Prefect's own temporary server runs (``prefect.server.api.server.
+    SubprocessASGIServer``: uvicorn on 127.0.0.1, UI off, ephemeral services), with a scratch
+    PREFECT_HOME (so a fresh database) and without block-type registration (no bench uses
+    blocks). Starts at once; `wait_ready` blocks until it answers."""
+
+    def __init__(self) -> None:
+        import importlib.util
+        import socket
+        import subprocess
+
+        self.home = Path(tempfile.mkdtemp(prefix="fedcme-bench-prefect-"))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        site_packages = Path(importlib.util.find_spec("prefect").origin).parent.parent
+        environment = {**os.environ, **{key: value for key, value in QUIET_ENVIRONMENT.items() if key not in os.environ},
+                       "PREFECT_HOME": str(self.home), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                       "PREFECT__SERVER_FINAL": "1", "PREFECT_API_BLOCKS_REGISTER_ON_START": "false"}
+        environment.pop("PREFECT_API_URL", None)
+        environment.pop("PREFECT_API_DATABASE_CONNECTION_URL", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(site_packages), "--factory",
+             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "error", "--lifespan", "on"],
+            env=environment, cwd=self.home, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_stop_with_parent,  # noqa: PLW1509 - run_all starts it before any thread
+        )
+        self._ready = False
+
+    def wait_ready(self, timeout: float | None = None) -> str:
+        """Block until the server answers /health (or raise); returns its API URL."""
+        import urllib.error
+        import urllib.request
+
+        timeout = timeout or float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 180)
+        deadline = time.monotonic() + timeout
+        while not self._ready:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the shared Prefect server exited (code {self.process.returncode})")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=5):
+                    self._ready = True
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the shared Prefect server did not answer within {timeout:.0f} s") from None
+                time.sleep(0.2)
+        return self.api_url
+
+    def stop(self) -> None:
+        import shutil
+        import signal
+        import subprocess
+
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _stop_with_parent() -> None:
+    """In the server's process (Linux): SIGTERM when the process that started it dies."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

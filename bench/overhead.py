@@ -1,0 +1,180 @@
+"""Orchestration overhead: wall time of a FedCME round through the Prefect flow against the ideal,
+and against a plain Python loop over the same core functions.
+
+The flow (``flows.train.run_training``: Prefect tasks on the configured task runner, MLflow
+tracking into a scratch sqlite store) runs under a temporary Prefect server whose PREFECT_HOME
+is a scratch folder. Every round's record (``federation.run_round``) holds its wall time
+``round_seconds`` and its parts; the ideal of a round, computed from the same record, is
+
+    client_train_seconds / workers + exchange_seconds + aggregate_seconds + evaluate_seconds
+
+The same rounds also run through ``federation.run_experiment`` with the ``SerialExecutor``
+(ideal with workers = 1) and with a ThreadPoolExecutor-based executor of 2 workers (no Prefect).
+Variants are whole runs of R rounds, interleaved (flow, serial, threads) `--repeats` times;
+round 0 (data loading, no alignment yet) is excluded when R > 1. Target: flow / ideal <= 1.05.
+Quick mode (checks the script works): synthetic data, K=4, M=2, E=2, 1 round (round 0 measured),
+1 repeat; the flow runs against the quick suite's shared Prefect server when `run_all.py --quick`
+gives one ($FEDCME_BENCH_PREFECT_API_URL), else it starts its own temporary server.
+
+    .venv/bin/python bench/overhead.py [--rounds 3] [--repeats 2] [--runner threads|dask] [--quick]
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import common
+
+SCRATCH = Path(tempfile.mkdtemp(prefix="fedcme-bench-overhead-"))
+atexit.register(shutil.rmtree, SCRATCH, ignore_errors=True)  # registered first: runs after Prefect's own exit hooks
+os.environ["PREFECT_HOME"] = str(SCRATCH / "prefect-home")
+os.environ.pop("PREFECT_API_URL", None)  # always a temporary server of our own
+common.quiet_environment()
+
+import torch
+import yaml
+
+from fedcme_core import federation
+from fedcme_core.config import load_config
+from fedcme_core.federation import (
+    SerialExecutor,
+    completed_rounds,
+    load_server_state,
+    run_experiment,
+)
+
+
+class ThreadPoolLoopExecutor:
+    """The Executor protocol over a ThreadPoolExecutor: the clients of a phase in parallel threads."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+
+    def call(self, step, function, *args):
+        return function(*args)
+
+    def map(self, step, function, arguments, retries=0):
+        return list(self.pool.map(lambda args: run_step(function, args, retries), arguments))
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def run_step(function, args, retries: int):
+    """function(*args), tried 1 + `retries` times; a step that still raises gives the core's
+    StepFailure (as SerialExecutor does), or raises where the core has none."""
+    for attempt in range(retries + 1):
+        try:
+            return function(*args)
+        except Exception as error:
+            failure = getattr(federation, "StepFailure", None)
+            if attempt == retries:
+                if failure is None:
+                    raise
+                return failure.from_exception(error)
+    raise AssertionError("unreachable")
+
+
+def ideal_seconds(record: dict, workers: int) -> float:
+    return (
+        record["client_train_seconds"] / workers
+        + record.get("exchange_seconds", 0.0)
+        + record["aggregate_seconds"]
+        + record["evaluate_seconds"]
+    )
+
+
+def main() -> None:
+    parser = common.parser(__doc__)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per run (round 0 is excluded when > 1)")
+    parser.add_argument("--workers", type=int, default=2, help="parallel client trainings")
+    parser.add_argument("--runner", default="threads", choices=["threads", "dask"], help="the flow's task runner")
+    arguments = parser.parse_args()
+    workers = arguments.workers
+    shared_server = common.shared_prefect_api_url(arguments.quick)
+    if shared_server:  # before prefect is imported
+        os.environ["PREFECT_API_URL"] = shared_server
+    runner = {"kind": arguments.runner, "workers": workers, "threads_per_worker": 1}
+    if arguments.quick:
+        values = common.experiment_values(
+            data=common.data_section("synthetic", synthetic={"num_train": 256, "num_test": 64}),
+            clients=4, per_round=2, epochs=2, alpha=0.5, runner=runner,
+        )
+        rounds, repeats = arguments.rounds or 1, arguments.repeats or 1
+    else:
+        values = common.experiment_values(
+            data=common.data_section("fmnist"), clients=50, per_round=20, epochs=2, alpha=0.1, runner=runner
+        )
+        rounds, repeats = arguments.rounds or 3, arguments.repeats or 2
+    values["federation"]["rounds"] = rounds
+    config_file = SCRATCH / "config.yaml"
+    config_file.write_text(yaml.safe_dump(values), encoding="utf-8")
+    config = load_config(config_file)
+    torch.set_num_threads(1)
+    from flows.train import run_training  # imports prefect (after PREFECT_HOME is set)
+
+    runs_dir = SCRATCH / "runs"
+    tracking_uri = f"sqlite:///{SCRATCH / 'mlflow.db'}"
+    histories: dict[str, list[list[dict]]] = {"flow": [], "serial_loop": [], "threadpool_loop": []}
+    call_seconds: dict[str, list[float]] = {name: [] for name in histories}
+    threadpool = ThreadPoolLoopExecutor(workers)
+    try:
+        for repeat in range(repeats):
+            variants = {
+                "flow": lambda name: run_training(
+                    str(config_file), name, runs_dir=str(runs_dir), tracking_uri=tracking_uri
+                ),
+                "serial_loop": lambda name: run_experiment(config, runs_dir / name, SerialExecutor()),
+                "threadpool_loop": lambda name: run_experiment(config, runs_dir / name, threadpool),
+            }
+            for variant, action in variants.items():
+                name = f"{variant}-{repeat}"
+                call_seconds[variant].append(common.timed(lambda action=action, name=name: action(name)))
+                run_dir = runs_dir / name
+                histories[variant].append(load_server_state(run_dir, completed_rounds(run_dir))["history"])
+    finally:
+        threadpool.close()
+
+    first = 1 if rounds > 1 else 0
+    round_seconds, ideal, per_round_ratio = {}, {}, {}
+    for variant, runs in histories.items():
+        variant_workers = 1 if variant == "serial_loop" else workers
+        records = [record for history in runs for record in history[first:]]
+        round_seconds[variant] = common.median(record["round_seconds"] for record in records)
+        ideal[variant] = common.median(ideal_seconds(record, variant_workers) for record in records)
+        per_round_ratio[variant] = common.median(
+            record["round_seconds"] / ideal_seconds(record, variant_workers) for record in records
+        )
+    flow_records = [record for history in histories["flow"] for record in history[first:]]
+    parts = ("client_train_seconds", "phase1_seconds", "exchange_seconds", "phase2_seconds",
+             "aggregate_seconds", "evaluate_seconds", "round_seconds")
+    record = {
+        **common.describe(config),
+        "runner": runner,
+        "prefect_server": "shared by the quick suite" if shared_server else "temporary (started by the flow)",
+        "rounds_per_run": rounds,
+        "rounds_measured": list(range(first, rounds)),
+        "repeats": repeats,
+        "round_seconds": common.rounded(round_seconds, 3),
+        "ideal_seconds": common.rounded(ideal, 3),
+        "flow_round_parts_seconds": {part: round(common.median(r.get(part, 0.0) for r in flow_records), 3) for part in parts},
+        "run_call_seconds": {name: round(common.median(values), 3) for name, values in call_seconds.items()},
+        "ratio_flow_vs_ideal": round(per_round_ratio["flow"], 3),
+        "ratio_threadpool_loop_vs_ideal": round(per_round_ratio["threadpool_loop"], 3),
+        "ratio_serial_loop_vs_ideal": round(per_round_ratio["serial_loop"], 3),
+        "ratio_flow_vs_threadpool_loop": common.ratio(round_seconds["flow"], round_seconds["threadpool_loop"]),
+        "ratio_flow_vs_serial_loop": common.ratio(round_seconds["flow"], round_seconds["serial_loop"]),
+        "target": "ratio_flow_vs_ideal <= 1.05",
+    }
+    common.emit("overhead", record, arguments.results, quick=arguments.quick)
+
+
+if __name__ == "__main__":
+    started = time.perf_counter()
+    main()

@@ -1,0 +1,81 @@
+"""Smoke test of the benchmark suite: `bench/run_all.py --quick` completes and writes one
+well-formed JSON record per measurement for every benchmark (no timing assertions).
+
+Quick mode is cut to the smallest sizes; what it leaves out of the full measurements, and what
+this test therefore accepts: `parallel` has the threads and processes layouts (dask only in full
+mode), `startup` one launch (no warm launch, so no cold/warm ratio), and the Prefect flows of
+`overhead` and `startup` run against one server: here the test session's (`prefect_server`), so
+that the suite starts no temporary Prefect server of its own."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+from .conftest import REPO_ROOT
+
+EXPECTED = {"local_training", "parallel", "overhead", "memory", "evaluation", "startup", "per_sample"}
+
+# Per benchmark, the figures that must be positive numbers (dotted paths; a mapping: all its values).
+POSITIVE = {
+    "local_training": ["samples_per_second", "ratio_fedavg_vs_bare", "ratio_fedcme_vs_bare"],
+    "parallel": ["samples_per_second", "round_wall_seconds", "speedup_2w_vs_1w", "startup_seconds"],
+    "overhead": ["round_seconds", "ideal_seconds", "ratio_flow_vs_ideal", "ratio_threadpool_loop_vs_ideal",
+                 "ratio_flow_vs_threadpool_loop", "ratio_flow_vs_serial_loop"],
+    "memory": ["peak_rss_mib", "peak_pss_mib", "ratio_2w_vs_1w", "ratio_many_vs_few_clients"],
+    "evaluation": ["samples_per_second", "ratio_evaluate_vs_bare"],
+    "startup": ["seconds.server_running"],  # one launch against the given server (quick mode)
+    "per_sample": ["per_sample_us", "samples_per_second", "ratio_clients_vmap_vs_serial"],
+}
+
+
+def figures(record: dict, path: str) -> list:
+    value = record
+    for key in path.split("."):
+        value = value[key]
+    return list(value.values()) if isinstance(value, dict) else [value]
+
+
+def is_positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def test_quick_benchmarks_write_well_formed_results(tmp_path, prefect_server):
+    results = tmp_path / "results.jsonl"
+    environment = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                   "MLFLOW_DISABLE_TELEMETRY": "true"}
+    environment.pop("PREFECT_API_URL", None)  # only overhead and startup get the server (--prefect-api-url)
+    completed = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "run_all.py"), "--quick", "--jobs", "2", "--results", str(results),
+         "--prefect-api-url", prefect_server],
+        check=False, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+
+    records = [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines()]
+    assert {record["bench"] for record in records} == EXPECTED
+    assert len(records) >= len(EXPECTED)
+    for record in records:
+        assert record["quick"] is True
+        assert record["machine"] and record["cores"] >= 1 and record["torch"] and record["torch_threads"] >= 1
+        for path in POSITIVE[record["bench"]]:
+            values = figures(record, path)
+            assert values and all(is_positive(value) for value in values), (record["bench"], path, values)
+        if record["bench"] == "per_sample":
+            diffs = record["max_abs_param_diff"].values()
+            assert set(record["max_abs_param_diff"]) >= {"channels_last_vs_plain", "clients_vmap_vs_serial"}
+            assert all(math.isfinite(diff) and diff >= 0 for diff in diffs)
+        if record["bench"] == "startup":
+            assert record["states"] == ["server_running"] and record["until"] == "start"
+            assert set(record["seconds"]["server_running"]) == {"first_output", "round_start"}
+            assert record["ratio_cold_vs_warm_round_start"] is None  # no warm launch in quick mode
+        if record["bench"] in ("startup", "overhead"):
+            assert record["prefect_server"] == "shared by the quick suite"
+        if record["bench"] == "memory":
+            assert set(record["peak_rss_mib"]) == {"w1_K4", "w2_K4", "w2_K40"}
+            assert all(summary > 0 for summary in record["run_seconds"].values())
+    assert {record["layout"] for record in records if record["bench"] == "parallel"} == {"threads", "processes"}
+    assert {record["model"] for record in records if record["bench"] == "per_sample"} == {"fmnist_cnn", "cifar_cnn"}
