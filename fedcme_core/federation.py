@@ -178,7 +178,8 @@ def make_partition(config: ExperimentConfig, labels: np.ndarray) -> Partition:
 # ---------------------------------------------------------------------- run set-up
 def new_model(config: ExperimentConfig, num_classes: int, device: torch.device | None = None) -> SplitModel:
     model = build_model(config.model.name, num_classes, config.projection_dim, seed=derive_seed(config.seed, "init"))
-    return model.to(device if device is not None else resolve_device(config.device))
+    model = model.to(device if device is not None else resolve_device(config.device))
+    return model.to(memory_format=torch.channels_last) if config.training.channels_last else model
 
 
 def _config_json(config: ExperimentConfig) -> str:
@@ -330,6 +331,8 @@ def train_phase_step(
     device = resolve_device(config.device)
     indices = torch.tensor(partition.clients[client_id])
     inputs = dataset.x_train[indices].to(device)  # [D_k, C_in, H, W]
+    if config.training.channels_last:
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
     labels = dataset.y_train[indices].to(device)  # [D_k]
 
     model = new_model(config, dataset.num_classes, device)
