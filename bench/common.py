@@ -23,21 +23,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from flows.cli import QUIET_ENVIRONMENT as CLI_QUIET_ENVIRONMENT
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "results.jsonl"
 
-# No telemetry or analytics from the stack; a user's own settings win.
-QUIET_ENVIRONMENT = {
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-    "DASK_LOGGING__DISTRIBUTED": "error",
-    "MLFLOW_LOGGING_LEVEL": "WARNING",
-    # A temporary Prefect server on a busy machine (fresh database) can take longer than the default 20 s.
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-}
+# The command line's quiet, telemetry-free defaults (a user's own settings win), with more time for
+# a temporary Prefect server: benchmarks start many, fresh databases included, on busy machines.
+QUIET_ENVIRONMENT = {**CLI_QUIET_ENVIRONMENT, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
 
 # Decompressed Fashion-MNIST / CIFAR-10 files (from the read-only mirror), outside the repo and
 # shared by the scripts so that only the first run decompresses and verifies them.
