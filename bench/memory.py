@@ -8,7 +8,7 @@ pages such as torch's libraries count once across processes, is reported beside)
 runner, whose workers are processes:
 
 * core: ``federation.run_experiment`` with an executor that sends each client's local training
-        to a ``distributed.LocalCluster(n_workers=w, threads_per_worker=1, processes=True)`` on
+        to a ``flows.dask_cluster.local_cluster(n_workers=w, threads_per_worker=1, processes=True)`` on
         127.0.0.1 (the other steps in the driver, as the Prefect flow runs them);
 * flow: ``flows.train.run_training`` with ``runner.kind: dask`` (Prefect's DaskTaskRunner on the
         same LocalCluster, a temporary Prefect server and MLflow sqlite store, all in scratch
@@ -54,11 +54,13 @@ class DaskExecutor:
 
     def __init__(self, workers: int, processes: bool = True) -> None:
         import torch
-        from distributed import Client, LocalCluster
+        from distributed import Client
+
+        from flows.dask_cluster import local_cluster
 
         # in-process workers (processes=False) talk over dask's inproc transport: no host to bind
         where = {"host": "127.0.0.1"} if processes else {}
-        self.cluster = LocalCluster(
+        self.cluster = local_cluster(
             n_workers=workers, threads_per_worker=1, processes=processes, dashboard_address=None, **where
         )
         self.client = Client(self.cluster)
@@ -67,7 +69,7 @@ class DaskExecutor:
     def call(self, step, function, *args):
         return function(*args)
 
-    def map(self, step, function, arguments, retries=0):  # no retries: a failure ends the benchmark
+    def map(self, step, function, arguments, retries=0, costs=None):  # no retries: a failure ends the benchmark
         return self.client.gather([self.client.submit(function, *args, pure=False) for args in arguments])
 
     def close(self) -> None:

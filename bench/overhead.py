@@ -8,6 +8,14 @@ is a scratch folder. Every round's record (``federation.run_round``) holds its w
 
     client_train_seconds / workers + exchange_seconds + aggregate_seconds + evaluate_seconds
 
+(``client_train_seconds``: the clients' ``train_epochs`` time). Reported beside it: the ideal
+with the clients' whole arithmetic (``client_work_seconds``: training plus the step-7 pass for
+local features and the evaluation vector), and the barrier-bound ideal that no layout can beat,
+max(client_work_seconds / workers, critical_client_seconds) + the server steps, where
+``critical_client_seconds`` sums the longest client's work of each phase.
+
+The flow runs with its default one task per client per phase, and (full mode) again with one
+task per worker (``runner.client_tasks: worker``, variant ``flow_task_per_worker``).
 The same rounds also run through ``federation.run_experiment`` with the ``SerialExecutor``
 (ideal with workers = 1) and with a ThreadPoolExecutor-based executor of 2 workers (no Prefect).
 Variants are whole runs of R rounds, interleaved (flow, serial, threads) `--repeats` times;
@@ -59,35 +67,26 @@ class ThreadPoolLoopExecutor:
     def call(self, step, function, *args):
         return function(*args)
 
-    def map(self, step, function, arguments, retries=0):
-        return list(self.pool.map(lambda args: run_step(function, args, retries), arguments))
+    def map(self, step, function, arguments, retries=0, costs=None):
+        return list(self.pool.map(lambda args: federation.with_retries(function, args, retries), arguments))
 
     def close(self) -> None:
         self.pool.shutdown()
 
 
-def run_step(function, args, retries: int):
-    """function(*args), tried 1 + `retries` times; a step that still raises gives the core's
-    StepFailure (as SerialExecutor does), or raises where the core has none."""
-    for attempt in range(retries + 1):
-        try:
-            return function(*args)
-        except Exception as error:
-            failure = getattr(federation, "StepFailure", None)
-            if attempt == retries:
-                if failure is None:
-                    raise
-                return failure.from_exception(error)
-    raise AssertionError("unreachable")
+IDEALS = ("train", "work", "barrier")
 
 
-def ideal_seconds(record: dict, workers: int) -> float:
-    return (
-        record["client_train_seconds"] / workers
-        + record.get("exchange_seconds", 0.0)
-        + record["aggregate_seconds"]
-        + record["evaluate_seconds"]
-    )
+def ideal_seconds(record: dict, workers: int, ideal: str = "train") -> float:
+    """The round's ideal wall time: its clients' `train_epochs` time, or their whole work, shared
+    perfectly by the workers, or that work bounded below by each phase's longest client."""
+    if ideal == "train":
+        clients = record["client_train_seconds"] / workers
+    elif ideal == "work":
+        clients = record["client_work_seconds"] / workers
+    else:
+        clients = max(record["client_work_seconds"] / workers, record["critical_client_seconds"])
+    return clients + record.get("exchange_seconds", 0.0) + record["aggregate_seconds"] + record["evaluate_seconds"]
 
 
 def main() -> None:
@@ -121,15 +120,19 @@ def main() -> None:
 
     runs_dir = SCRATCH / "runs"
     tracking_uri = f"sqlite:///{SCRATCH / 'mlflow.db'}"
-    histories: dict[str, list[list[dict]]] = {"flow": [], "serial_loop": [], "threadpool_loop": []}
+    flows = {"flow": {}} if arguments.quick else {"flow": {}, "flow_task_per_worker": {"runner.client_tasks": "worker"}}
+    histories: dict[str, list[list[dict]]] = {**{name: [] for name in flows}, "serial_loop": [], "threadpool_loop": []}
     call_seconds: dict[str, list[float]] = {name: [] for name in histories}
     threadpool = ThreadPoolLoopExecutor(workers)
     try:
         for repeat in range(repeats):
             variants = {
-                "flow": lambda name: run_training(
-                    str(config_file), name, runs_dir=str(runs_dir), tracking_uri=tracking_uri
-                ),
+                **{
+                    flow_name: lambda name, overrides=overrides: run_training(
+                        str(config_file), name, runs_dir=str(runs_dir), tracking_uri=tracking_uri, overrides=overrides
+                    )
+                    for flow_name, overrides in flows.items()
+                },
                 "serial_loop": lambda name: run_experiment(config, runs_dir / name, SerialExecutor()),
                 "threadpool_loop": lambda name: run_experiment(config, runs_dir / name, threadpool),
             }
@@ -142,18 +145,19 @@ def main() -> None:
         threadpool.close()
 
     first = 1 if rounds > 1 else 0
-    round_seconds, ideal, per_round_ratio = {}, {}, {}
+    round_seconds, ideal, ratios = {}, {}, {}
     for variant, runs in histories.items():
         variant_workers = 1 if variant == "serial_loop" else workers
         records = [record for history in runs for record in history[first:]]
         round_seconds[variant] = common.median(record["round_seconds"] for record in records)
-        ideal[variant] = common.median(ideal_seconds(record, variant_workers) for record in records)
-        per_round_ratio[variant] = common.median(
-            record["round_seconds"] / ideal_seconds(record, variant_workers) for record in records
-        )
+        for basis in IDEALS:
+            ideal[f"{variant}_{basis}"] = common.median(ideal_seconds(record, variant_workers, basis) for record in records)
+            ratios[f"{variant}_vs_{basis}_ideal"] = round(common.median(
+                record["round_seconds"] / ideal_seconds(record, variant_workers, basis) for record in records
+            ), 3)
     flow_records = [record for history in histories["flow"] for record in history[first:]]
-    parts = ("client_train_seconds", "phase1_seconds", "exchange_seconds", "phase2_seconds",
-             "aggregate_seconds", "evaluate_seconds", "round_seconds")
+    parts = ("client_train_seconds", "client_work_seconds", "critical_client_seconds", "phase1_seconds",
+             "exchange_seconds", "phase2_seconds", "aggregate_seconds", "evaluate_seconds", "round_seconds")
     record = {
         **common.describe(config),
         "runner": runner,
@@ -165,11 +169,15 @@ def main() -> None:
         "ideal_seconds": common.rounded(ideal, 3),
         "flow_round_parts_seconds": {part: round(common.median(r.get(part, 0.0) for r in flow_records), 3) for part in parts},
         "run_call_seconds": {name: round(common.median(values), 3) for name, values in call_seconds.items()},
-        "ratio_flow_vs_ideal": round(per_round_ratio["flow"], 3),
-        "ratio_threadpool_loop_vs_ideal": round(per_round_ratio["threadpool_loop"], 3),
-        "ratio_serial_loop_vs_ideal": round(per_round_ratio["serial_loop"], 3),
+        "ratio_flow_vs_ideal": ratios["flow_vs_train_ideal"],
+        "ratio_threadpool_loop_vs_ideal": ratios["threadpool_loop_vs_train_ideal"],
+        "ratio_serial_loop_vs_ideal": ratios["serial_loop_vs_train_ideal"],
+        "ratios_vs_ideals": ratios,
         "ratio_flow_vs_threadpool_loop": common.ratio(round_seconds["flow"], round_seconds["threadpool_loop"]),
         "ratio_flow_vs_serial_loop": common.ratio(round_seconds["flow"], round_seconds["serial_loop"]),
+        "ratio_flow_task_per_worker_vs_flow": (
+            common.ratio(round_seconds["flow_task_per_worker"], round_seconds["flow"]) if "flow_task_per_worker" in flows else None
+        ),
         "target": "ratio_flow_vs_ideal <= 1.05",
     }
     common.emit("overhead", record, arguments.results, quick=arguments.quick)

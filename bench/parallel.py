@@ -9,8 +9,9 @@ upload checkpoint), in a prepared run directory. Layouts:
              (what the default ``threads`` runner does);
 * processes: ``concurrent.futures.ProcessPoolExecutor`` (forkserver, preloading torch and the
              core once; or --start-method spawn), each worker torch threads = 1;
-* dask:      ``distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True)``
-             on 127.0.0.1, each worker torch threads = 1 (what the ``dask`` runner starts).
+* dask:      ``flows.dask_cluster.local_cluster(n_workers=2, threads_per_worker=1, processes=True)``
+             on 127.0.0.1 (a LocalCluster whose workers keep glibc's malloc defaults), each
+             worker torch threads = 1 (what the ``dask`` runner starts).
 
 Each layout starts one 2-worker pool; "1 worker" is the same pool used one task at a time
 (dask: every task pinned to one worker), "2 workers" submits all M tasks at once. Start-up
@@ -106,9 +107,11 @@ def _pid(pause: float) -> int:
 
 class DaskLayout:
     def __init__(self, config, run_dir: str, workers: int) -> None:
-        from distributed import Client, LocalCluster
+        from distributed import Client
 
-        self.cluster = LocalCluster(
+        from flows.dask_cluster import local_cluster
+
+        self.cluster = local_cluster(
             n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
         )
         self.client = Client(self.cluster)

@@ -1,5 +1,5 @@
 """Start-up: seconds from launching `fedcme train` to its first round, with a cold and a warm
-PREFECT_HOME.
+PREFECT_HOME, and with a Prefect server already running.
 
 Each launch runs `.venv/bin/fedcme train --config <tiny synthetic FedCME config> --experiment
 NAME` as a subprocess in a scratch working directory (its own MLflow sqlite store there). The
@@ -12,7 +12,10 @@ reuses both. Times from the launch:
 * round_finished: the line `round    1/...` (full mode only; quick mode stops at round_start).
 
 The launch is then stopped (its process group: the command and its temporary Prefect server).
-Pairs (cold, warm) are repeated `--repeats` times with fresh homes; medians. Target: warm
+Pairs (cold, warm) are repeated `--repeats` times with fresh homes; medians. A third launch per
+repeat, "server_running", finds a Prefect server already up (one started by this script before
+the repeats, as `prefect server start` would be on a researcher's machine; PREFECT_API_URL points
+at it) and a warm PREFECT_HOME: the command then starts no server of its own. Target: warm
 round_start <= 5 s.
 
 Quick mode (checks the script works) makes one launch only, until the first round starts, and
@@ -117,6 +120,21 @@ def stop(process: subprocess.Popen) -> None:
         pass
 
 
+def measure(states, repeats: int, values: dict, until: str, timeout: float, api_url: str | None,
+            scratch_root: Path, timings: dict[str, list[dict]]) -> None:
+    """`repeats` rounds of one launch per state; each repeat has a fresh PREFECT_HOME and MLflow store
+    (cold, then warm reusing them); only "server_running" (and quick mode's shared server) gets `api_url`."""
+    config_file = scratch_root / "tiny.yaml"
+    config_file.write_text(yaml.safe_dump(values), encoding="utf-8")
+    for repeat in range(repeats):
+        scratch = scratch_root / f"pair-{repeat}"
+        scratch.mkdir()
+        home = scratch / "prefect-home"
+        for state in states:
+            server = api_url if state == "server_running" else None
+            timings[state].append(launch(config_file, scratch, home, f"{state}-{repeat}", until, timeout, server))
+
+
 def main() -> None:
     parser = common.parser(__doc__)
     parser.add_argument("--until", choices=["start", "finish"], default=None,
@@ -126,24 +144,22 @@ def main() -> None:
     until = arguments.until or ("start" if arguments.quick else "finish")
     repeats = arguments.repeats or (1 if arguments.quick else 3)
     shared_server = common.shared_prefect_api_url(arguments.quick)
-    states = (("server_running" if shared_server else "cold"),) if arguments.quick else ("cold", "warm")
+    states = (("server_running" if shared_server else "cold"),) if arguments.quick else ("cold", "warm", "server_running")
     values = common.experiment_values(
         data=common.data_section("synthetic", synthetic={"num_train": 200, "num_test": 50}),
         clients=4, per_round=2, epochs=2, alpha=0.5, batch_size=32,
     )
     timings: dict[str, list[dict]] = {state: [] for state in states}
-    with tempfile.TemporaryDirectory(prefix="fedcme-bench-startup-") as scratch_name:
-        scratch_root = Path(scratch_name)
-        config_file = scratch_root / "tiny.yaml"
-        config_file.write_text(yaml.safe_dump(values), encoding="utf-8")
-        for repeat in range(repeats):
-            scratch = scratch_root / f"pair-{repeat}"  # fresh PREFECT_HOME and MLflow store per pair
-            scratch.mkdir()
-            home = scratch / "prefect-home"
-            for state in states:
-                timings[state].append(
-                    launch(config_file, scratch, home, f"{state}-{repeat}", until, arguments.timeout, shared_server)
-                )
+    running_server = None
+    if "server_running" in states and not shared_server:
+        running_server = common.PrefectServer()
+        shared_server = running_server.wait_ready()
+    try:
+        with tempfile.TemporaryDirectory(prefix="fedcme-bench-startup-") as scratch_name:
+            measure(states, repeats, values, until, arguments.timeout, shared_server, Path(scratch_name), timings)
+    finally:
+        if running_server is not None:
+            running_server.stop()
     medians = {
         state: {event: round(common.median(run[event] for run in runs), 3) for event in runs[0]}
         for state, runs in timings.items()
@@ -154,9 +170,17 @@ def main() -> None:
         "torch_threads": 1,  # per client training in the launched run (threads runner, 2 workers x 1 thread)
         "repeats": repeats,
         "states": list(states),
-        "prefect_server": "shared by the quick suite" if shared_server else "temporary (started by the command)",
+        "prefect_server": (
+            "shared by the quick suite" if arguments.quick and shared_server
+            else "temporary (started by the command); server_running: started by this script before the launches"
+            if running_server else "temporary (started by the command)"
+        ),
         "seconds": medians,
         "runs": timings,
+        "ratio_warm_vs_server_running_round_start": (
+            common.ratio(medians["warm"]["round_start"], medians["server_running"]["round_start"])
+            if {"warm", "server_running"} <= medians.keys() else None
+        ),
         "ratio_cold_vs_warm_round_start": (
             common.ratio(medians["cold"]["round_start"], medians["warm"]["round_start"]) if "warm" in medians else None
         ),

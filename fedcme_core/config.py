@@ -150,9 +150,14 @@ class RunnerConfig(_Frozen):
     dask_address: str | None = None
     # Keep each round's swap/exchanged/upload checkpoints instead of deleting them at commit.
     keep_round_files: bool = False
-    # How often a client's local-training task that raised is run again before the client
-    # counts as dropped from the round (its inputs are files, so a retry starts afresh).
+    # How often a client's local training that raised is run again before the client counts
+    # as dropped from the round (its inputs are files, so a retry starts afresh).
     retries: int = Field(1, ge=0)
+    # Prefect tasks of a training phase: "client", one task per client (2 x M local-training
+    # tasks a round, each client its own line in the Prefect UI, handed to the workers largest
+    # first); "worker", the phase's clients packed by size into one task per worker (2 x workers
+    # a round: fewer task runs for the Prefect server to store, for long grids).
+    client_tasks: Literal["client", "worker"] = "client"
 
 
 AlgorithmConfig = Annotated[

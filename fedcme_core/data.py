@@ -34,11 +34,14 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-import torchvision
+
+if TYPE_CHECKING:
+    import torchvision
 
 from fedcme_core.checkpoints import atomic_write_bytes, atomic_writer
 from fedcme_core.seeding import numpy_rng
@@ -311,6 +314,8 @@ def _raw_fmnist(data_dir: Path, mirror: Path | None) -> dict[str, np.ndarray]:
         download = False
     else:
         download = True
+    import torchvision  # here, not at module level: it costs about 2 s of start-up (torch._dynamo)
+
     arrays = {}
     for train, split in ((True, "train"), (False, "test")):
         source = _torchvision_split(torchvision.datasets.FashionMNIST, data_dir, train, download, "fmnist")
@@ -321,6 +326,8 @@ def _raw_fmnist(data_dir: Path, mirror: Path | None) -> dict[str, np.ndarray]:
 
 def _prepare_fmnist_from_mirror(data_dir: Path, mirror_folder: Path) -> None:
     """Verify the four official .gz files and decompress them into torchvision's raw folder."""
+    import torchvision
+
     raw_folder = data_dir / "FashionMNIST" / "raw"
     raw_folder.mkdir(parents=True, exist_ok=True)
     stamp = data_dir / "fashion-mnist.verified.json"
@@ -356,6 +363,8 @@ def _raw_cifar10(data_dir: Path, mirror: Path | None) -> dict[str, np.ndarray]:
         _verify_digest(archive, "sha256", CIFAR10_SHA256, data_dir / "cifar-10.verified.json")
         arrays = _read_cifar10_npz(archive)
     else:
+        import torchvision
+
         arrays = {}
         for train, split in ((True, "train"), (False, "test")):
             source = _torchvision_split(torchvision.datasets.CIFAR10, data_dir, train, True, "cifar10")
@@ -391,6 +400,7 @@ def _torchvision_split(
     download: bool,
     name: str,
 ) -> torchvision.datasets.VisionDataset:
+    """One split of a torchvision dataset class (read from data_dir, or downloaded there)."""
     try:
         return dataset_class(root=data_dir, train=train, download=download)
     except Exception as error:

@@ -11,23 +11,36 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedcme_core.evaluation import eval_mode, model_device
+from fedcme_core.evaluation import INFERENCE_BATCH_SIZE, eval_mode, model_device
 
 
-def local_features(
+@dataclass(frozen=True)
+class LocalStatistics:
+    """What a client reports after local training (SPEC step 7), from one pass over D_k."""
+
+    feature_means: torch.Tensor  # [C, d] float32 on the CPU, zeros for absent classes
+    feature_counts: torch.Tensor  # [C] int64
+    evaluation_vector: np.ndarray | None  # [C] float64 per-class accuracy on D_eval_k (Eq. 4), if asked
+
+
+def local_statistics(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
     num_classes: int,
-    batch_size: int = 1024,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPEC step 7: class means of `model.features(x)` (eval mode) and class counts.
+    eval_positions: np.ndarray | None = None,
+    batch_size: int = INFERENCE_BATCH_SIZE,
+) -> LocalStatistics:
+    """SPEC step 7 in one eval-mode pass: class means of `model.features(x)` and, for the
+    positions `eval_positions` of x (D_eval_k), the per-class accuracy of `model.classify` on them.
 
-    Returns (means float32 [C, d] on the CPU, zeros for absent classes; counts int64 [C]).
+    The features of the pass feed both, so the evaluation vector costs one linear layer on
+    |D_eval_k| rows instead of a second pass through the backbone.
     """
     if len(x) == 0:
         raise ValueError("cannot compute local features of an empty set")
@@ -36,20 +49,52 @@ def local_features(
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     device = model_device(model)
+    in_eval_set = None
+    if eval_positions is not None:
+        in_eval_set = torch.zeros(len(x), dtype=torch.bool)  # [D_k]
+        in_eval_set[torch.as_tensor(eval_positions, dtype=torch.long)] = True
+        in_eval_set = in_eval_set.to(device)
     feature_sums: torch.Tensor | None = None  # [C, d] float64
     counts = torch.zeros(num_classes, dtype=torch.int64, device=device)  # [C]
+    eval_correct = torch.zeros(num_classes, dtype=torch.int64, device=device)  # [C]
+    eval_counts = torch.zeros(num_classes, dtype=torch.int64, device=device)  # [C]
     with eval_mode(model), torch.inference_mode():
         for start in range(0, len(x), batch_size):
             inputs = x[start : start + batch_size].to(device, non_blocking=True)
             labels = y[start : start + batch_size].to(device, non_blocking=True).long()  # [B]
-            features = model.features(inputs).double()  # [B, d]
+            features = model.features(inputs)  # [B, d]
             if feature_sums is None:
-                feature_sums = features.new_zeros(num_classes, features.shape[1])
-            feature_sums.index_add_(0, labels, features)
+                feature_sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float64, device=device)
+            feature_sums.index_add_(0, labels, features.double())
             counts += torch.bincount(labels, minlength=num_classes)
+            if in_eval_set is not None:
+                chosen = in_eval_set[start : start + batch_size]  # [B]
+                eval_labels = labels[chosen]  # [B_eval]
+                predictions = model.classify(features[chosen]).argmax(dim=1)  # [B_eval]
+                eval_counts += torch.bincount(eval_labels, minlength=num_classes)
+                eval_correct += torch.bincount(eval_labels[predictions == eval_labels], minlength=num_classes)
     assert feature_sums is not None
     means = feature_sums / counts.clamp(min=1).unsqueeze(1).double()  # [C, d]
-    return means.float().cpu(), counts.cpu()
+    vector = None
+    if in_eval_set is not None:
+        present = eval_counts > 0
+        vector = torch.where(present, eval_correct.double() / eval_counts.clamp(min=1).double(), 0.0).cpu().numpy()
+    return LocalStatistics(feature_means=means.float().cpu(), feature_counts=counts.cpu(), evaluation_vector=vector)
+
+
+def local_features(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    batch_size: int = INFERENCE_BATCH_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC step 7: class means of `model.features(x)` (eval mode) and class counts.
+
+    Returns (means float32 [C, d] on the CPU, zeros for absent classes; counts int64 [C]).
+    """
+    statistics = local_statistics(model, x, y, num_classes, batch_size=batch_size)
+    return statistics.feature_means, statistics.feature_counts
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ the round (``faults.py``) as long as ``federation.min_clients`` remain.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -28,7 +29,7 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,7 +45,7 @@ from .config import ExperimentConfig
 from .evaluation import evaluate
 from .exchange import exchange_checkpoints
 from .faults import StepFailure, dropped_clients, require_enough_clients, surviving_donors, update_problem
-from .features import GlobalFeatures, aggregate_global_features, local_features
+from .features import GlobalFeatures, aggregate_global_features, local_statistics
 from .matching import eval_subset, evaluation_vector
 from .models import SplitModel, build_model, resolve_device
 from .partition import Partition, class_counts, load_partition, save_partition
@@ -155,11 +156,16 @@ def _load_run_partition(path: str, modified_ns: int) -> Partition:
     return load_partition(Path(path))
 
 
+def _run_partition_file(run_dir: str | Path) -> Partition:
+    """The run's saved partition (cached per process while the file is unchanged)."""
+    path = RunPaths(run_dir).partition
+    return _load_run_partition(str(path), path.stat().st_mtime_ns)
+
+
 def run_partition(config: ExperimentConfig, run_dir: Path) -> tuple[Partition, np.ndarray]:
     """The run's partition and its class counts [K, C] (cached per process)."""
     dataset = load_experiment_dataset(config.data, config.seed)
-    path = RunPaths(run_dir).partition
-    partition = _load_run_partition(str(path), path.stat().st_mtime_ns)
+    partition = _run_partition_file(run_dir)
     return partition, class_counts(dataset.y_train.numpy(), partition.clients, dataset.num_classes)
 
 
@@ -266,6 +272,19 @@ def load_server_state(run_dir: str | Path, round_index: int) -> dict[str, Any]:
     return load_checkpoint(RunPaths(run_dir).server_state(round_index))
 
 
+def shared_server_state(run_dir: str | Path, round_index: int) -> dict[str, Any]:
+    """The server state of round t, read once per process for all its clients' tasks (read-only:
+    the same dict is handed to every caller until the file changes)."""
+    path = RunPaths(run_dir).server_state(round_index)
+    file_status = path.stat()
+    return _cached_server_state(str(path), file_status.st_mtime_ns, file_status.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_server_state(path: str, modified_ns: int, size: int) -> dict[str, Any]:
+    return load_checkpoint(Path(path))
+
+
 def phase_epochs(config: ExperimentConfig, algorithm: Algorithm) -> list[tuple[int, int]]:
     """(first, last) epoch of each local phase: split at floor(E/2) when clients exchange."""
     epochs = config.training.local_epochs
@@ -327,7 +346,7 @@ def train_phase_step(
     algorithm = build_algorithm(config.algorithm)
     dataset = load_experiment_dataset(config.data, config.seed)
     partition, counts = run_partition(config, run_dir)
-    state = load_server_state(run_dir, round_index)
+    state = shared_server_state(run_dir, round_index)
     device = resolve_device(config.device)
     indices = torch.tensor(partition.clients[client_id])
     inputs = dataset.x_train[indices].to(device)  # [D_k, C_in, H, W]
@@ -359,6 +378,7 @@ def train_phase_step(
         "client": client_id,
         "phase": phase_index,
         "seconds": seconds,
+        "work_seconds": seconds,
         "samples": int(labels.shape[0]) * (last_epoch - first_epoch),
         "loss": run.epoch_losses[-1],
     }
@@ -373,21 +393,41 @@ def train_phase_step(
         "model": {key: value.detach().cpu() for key, value in model.state_dict().items()},
         "epoch_losses": list(run.epoch_losses),
     }
-    if algorithm.uses_evaluation_vectors:
-        # SPEC step 7: eps_k^t on a random subset D_eval_k of D_k.
-        subset = eval_subset(
-            labels.cpu().numpy(), config.algorithm.eval_fraction, seed=config.seed, round_index=round_index, client_id=client_id
-        )
-        upload["evaluation_vector"] = torch.from_numpy(
-            evaluation_vector(model, inputs[subset], labels[subset], dataset.num_classes)
-        )
-    if algorithm.uses_global_features:
-        means, feature_counts = local_features(model, inputs, labels, dataset.num_classes)
-        upload["local_features"], upload["feature_counts"] = means, feature_counts
+    started = time.perf_counter()
+    upload.update(_client_report(config, algorithm, model, inputs, labels, dataset.num_classes, round_index, client_id))
+    summary["work_seconds"] += time.perf_counter() - started
     if algorithm.keeps_client_state:
         save_checkpoint({"model": upload["model"]}, paths.client_state(client_id, round_index))
     save_checkpoint(upload, paths.upload(round_index, client_id))
     return summary
+
+
+def _client_report(
+    config: ExperimentConfig,
+    algorithm: Algorithm,
+    model: SplitModel,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    round_index: int,
+    client_id: int,
+) -> dict[str, Any]:
+    """SPEC step 7: eps_k^t on a random subset D_eval_k of D_k and the local features zeta_k^t,
+    in one pass over D_k when the algorithm uses both."""
+    report: dict[str, Any] = {}
+    subset = None
+    if algorithm.uses_evaluation_vectors:
+        subset = eval_subset(
+            labels.cpu().numpy(), config.algorithm.eval_fraction, seed=config.seed, round_index=round_index, client_id=client_id
+        )
+    if algorithm.uses_global_features:
+        statistics = local_statistics(model, inputs, labels, num_classes, eval_positions=subset)
+        report["local_features"], report["feature_counts"] = statistics.feature_means, statistics.feature_counts
+        if subset is not None:
+            report["evaluation_vector"] = torch.from_numpy(statistics.evaluation_vector)
+    elif subset is not None:
+        report["evaluation_vector"] = torch.from_numpy(evaluation_vector(model, inputs[subset], labels[subset], num_classes))
+    return report
 
 
 def exchange_step(
@@ -480,12 +520,36 @@ def aggregate_step(
     }
 
 
+def available_cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with `count` torch intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int) -> dict[str, Any]:
-    """Test-set accuracy and loss of the aggregated global model w^{t+1}."""
+    """Test-set accuracy and loss of the aggregated global model w^{t+1}.
+
+    The round's clients have finished, so the evaluation takes every core of its machine
+    (same figures as on one thread: the batches' per-sample results do not depend on it).
+    """
     dataset = load_experiment_dataset(config.data, config.seed)
     model = new_model(config, dataset.num_classes)
     model.load_state_dict(load_checkpoint(RunPaths(run_dir).aggregate(round_index))["model"])
-    result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes)
+    with torch_threads(available_cores()):
+        result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes)
     return {
         "test_accuracy": result.accuracy,
         "test_loss": result.loss,
@@ -535,10 +599,16 @@ class Executor(Protocol):
     def call(self, step: str, function: Callable[..., Any], *args: Any) -> Any: ...
 
     def map(
-        self, step: str, function: Callable[..., Any], arguments: Sequence[tuple], retries: int = 0
+        self,
+        step: str,
+        function: Callable[..., Any],
+        arguments: Sequence[tuple],
+        retries: int = 0,
+        costs: Sequence[float] | None = None,
     ) -> list[Any | StepFailure]:
         """function(*args) for each args (in parallel where it can), each run up to
-        1 + `retries` times; one that still raises gives a :class:`StepFailure` in its place."""
+        1 + `retries` times; one that still raises gives a :class:`StepFailure` in its place.
+        `costs` (one per args, e.g. the client's samples) may guide how the calls are grouped."""
         ...
 
 
@@ -549,12 +619,34 @@ class SerialExecutor:
         return function(*args)
 
     def map(
-        self, step: str, function: Callable[..., Any], arguments: Sequence[tuple], retries: int = 0
+        self,
+        step: str,
+        function: Callable[..., Any],
+        arguments: Sequence[tuple],
+        retries: int = 0,
+        costs: Sequence[float] | None = None,
     ) -> list[Any | StepFailure]:
-        return [_with_retries(function, args, retries) for args in arguments]
+        return [with_retries(function, args, retries) for args in arguments]
 
 
-def _with_retries(function: Callable[..., Any], args: tuple, retries: int) -> Any | StepFailure:
+def balanced_groups(costs: Sequence[float], num_groups: int) -> list[list[int]]:
+    """Positions of `costs` split into at most `num_groups` groups of near-equal total cost:
+    longest first, each to the group with the least cost so far (LPT; ties go to the lower
+    group, then the lower position). Groups keep their positions in descending cost; empty
+    groups are left out."""
+    if num_groups < 1:
+        raise ValueError(f"num_groups must be at least 1, got {num_groups}")
+    loads = [0.0] * num_groups
+    groups: list[list[int]] = [[] for _ in range(num_groups)]
+    for position in sorted(range(len(costs)), key=lambda index: (-costs[index], index)):
+        lightest = min(range(num_groups), key=lambda group: (loads[group], group))
+        groups[lightest].append(position)
+        loads[lightest] += costs[position]
+    return [group for group in groups if group]
+
+
+def with_retries(function: Callable[..., Any], args: tuple, retries: int) -> Any | StepFailure:
+    """function(*args), run up to 1 + `retries` times; a :class:`StepFailure` if it still raises."""
     for attempt in range(retries + 1):
         try:
             return function(*args)
@@ -584,27 +676,36 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
     training = [client for client in selected if client not in dropped]
     failed: dict[int, str] = {}
 
+    # Largest client first: a phase ends when its slowest worker does, and longest-first
+    # submission to the workers' FIFO queue keeps the last tasks short (LPT scheduling).
+    client_sizes = {client: len(indices) for client, indices in enumerate(_run_partition_file(run_dir).clients)}
+
     def train_phase(phase_index: int, starts: dict[int, str]) -> list[dict[str, Any]]:
         """Train `training` for one phase; clients whose task still fails after retries leave the round."""
-        arguments = [(config, run_dir, round_index, client, phase_index, starts.get(client)) for client in training]
-        results = executor.map("train_phase", train_phase_step, arguments, config.runner.retries)
+        order = sorted(training, key=lambda client: (-client_sizes[client], client))
+        arguments = [(config, run_dir, round_index, client, phase_index, starts.get(client)) for client in order]
+        costs = [float(client_sizes[client]) for client in order]
+        results = executor.map("train_phase", train_phase_step, arguments, config.runner.retries, costs)
+        results = dict(zip(order, results, strict=True))
         finished = []
-        for client, result in zip(list(training), results, strict=True):
-            if isinstance(result, StepFailure):
-                failed[client] = f"local training (phase {phase_index + 1}) failed: {result.reason}"
+        for client in list(training):
+            if isinstance(results[client], StepFailure):
+                failed[client] = f"local training (phase {phase_index + 1}) failed: {results[client].reason}"
                 training.remove(client)
             else:
-                finished.append(result)
+                finished.append(results[client])
         return finished
 
     phases = phase_epochs(config, algorithm)
     summaries = timed("phase1", lambda: train_phase(0, {}))
+    phase_summaries = [summaries]
     if len(phases) == 2:
         # SPEC step 5: counterparts exchange; one whose partner is lost trains on with its own model.
         donors = surviving_donors({int(r): int(d) for r, d in matching["donors"].items()}, training)
         exchanged = timed("exchange", lambda: executor.call("exchange", exchange_step, config, run_dir, round_index, donors))
         starts = {client: phase_two_start(run_dir, round_index, client, exchanged) for client in training}
-        summaries += timed("phase2", lambda: train_phase(1, starts))
+        phase_summaries.append(timed("phase2", lambda: train_phase(1, starts)))
+        summaries = summaries + phase_summaries[-1]
     lost = {**{client: "dropped out (simulated availability)" for client in dropped}, **failed}
     aggregate = timed(
         "aggregate", lambda: executor.call("aggregate", aggregate_step, config, run_dir, round_index, training, lost)
@@ -618,6 +719,12 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
         "train_loss": aggregate["train_loss"],
         **metrics,
         "client_train_seconds": float(sum(summary["seconds"] for summary in summaries)),
+        # Local training plus the client's step-7 report (features, evaluation vector).
+        "client_work_seconds": float(sum(summary["work_seconds"] for summary in summaries)),
+        # The longest client's work in each phase, summed: no layout finishes a round's phases sooner.
+        "critical_client_seconds": float(
+            sum(max((summary["work_seconds"] for summary in phase), default=0.0) for phase in phase_summaries)
+        ),
         "samples_trained": int(sum(summary["samples"] for summary in summaries)),
         "aggregated_clients": aggregate["clients"],
         "dropped_clients": len(dropped),

@@ -5,12 +5,13 @@ and returns small plain data; models travel as checkpoint files in the run direc
 task can run in a thread, in a Dask worker process or on another machine sharing the run
 directory. Inputs are never hashed (``cache_policy=NONE``: they are configs and paths whose
 files change underneath) and results are not persisted (the run directory is the record).
-One task per client per phase: Prefect's per-task cost is paid 2M times a round, not per batch.
+Local training is one task per client per phase by default (``runner.client_tasks: client``: 2M
+tasks a round, each client its own line in the UI), or one task per worker per phase (``worker``:
+the phase's clients packed by size into near-equal groups, 2 x workers tasks a round).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -24,16 +25,9 @@ from fedcme_core.faults import StepFailure
 TASK_OPTIONS = {"cache_policy": NONE, "persist_result": False}
 
 
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def worker_layout(runner: RunnerConfig) -> tuple[int, int]:
     """(parallel client trainings, torch threads each), so that workers x threads <= cores by default."""
-    cores = available_cores()
+    cores = federation.available_cores()
     workers = 1 if runner.kind == "sequential" else (runner.workers or cores)
     threads = runner.threads_per_worker or max(1, cores // workers)
     return workers, threads
@@ -67,6 +61,16 @@ def train_phase_task(
 ) -> dict[str, Any]:
     torch.set_num_threads(torch_threads)
     return federation.train_phase_step(config, run_dir, round_index, client_id, phase_index, start_checkpoint)
+
+
+@task(name="local-train-group", **TASK_OPTIONS)
+def train_phase_group_task(
+    config: ExperimentConfig, steps: list[tuple], torch_threads: int, retries: int
+) -> list[dict[str, Any] | StepFailure]:
+    """Several clients' phases, one after another in one task; each client is retried on its
+    own and one that still fails gives a StepFailure (the others are unaffected)."""
+    torch.set_num_threads(torch_threads)
+    return [federation.with_retries(federation.train_phase_step, (config, *step), retries) for step in steps]
 
 
 @task(name="exchange", **TASK_OPTIONS)
@@ -103,24 +107,46 @@ STEP_TASKS = {
 
 
 class PrefectExecutor:
-    """Runs the core round's steps as Prefect tasks; the clients of a phase go to the task runner."""
+    """Runs the core round's steps as Prefect tasks; the clients of a phase go to the task runner,
+    one task per client or (``runner.client_tasks: worker``) one task per worker."""
 
-    def __init__(self, torch_threads: int) -> None:
+    def __init__(self, torch_threads: int, workers: int = 1, client_tasks: str = "client") -> None:
         self.torch_threads = torch_threads
+        self.workers = workers
+        self.client_tasks = client_tasks
         self.task_runs = 0  # how many task runs this flow run created (to check they were recorded)
 
     def call(self, step: str, function, *args: Any) -> Any:
         self.task_runs += 1
         return STEP_TASKS[step](*args)
 
-    def map(self, step: str, function, arguments, retries: int = 0) -> list[Any | StepFailure]:
-        """One local-train task per client, retried by Prefect; a task that still fails gives a StepFailure."""
+    def map(self, step: str, function, arguments, retries: int = 0, costs=None) -> list[Any | StepFailure]:
+        """The clients' phases as tasks; a client that still fails after its retries gives a StepFailure."""
         if step != "train_phase":
             raise ValueError(f"no parallel task for step {step!r}")
+        if self.client_tasks == "worker":
+            return self._map_grouped(arguments, retries, costs)
         self.task_runs += len(arguments)
         client_task = train_phase_task.with_options(retries=retries)
         futures = [client_task.submit(*args, self.torch_threads) for args in arguments]
         return [_result_or_failure(future) for future in futures]
+
+    def _map_grouped(self, arguments, retries: int, costs) -> list[Any | StepFailure]:
+        """One task per worker: the clients packed by cost (largest first) into near-equal groups."""
+        groups = federation.balanced_groups(costs if costs is not None else [1.0] * len(arguments), self.workers)
+        self.task_runs += len(groups)
+        config = arguments[0][0]  # the same for every client of the phase: sent once per task
+        steps = [args[1:] for args in arguments]
+        futures = [
+            train_phase_group_task.submit(config, [steps[position] for position in group], self.torch_threads, retries)
+            for group in groups
+        ]
+        results: list[Any | StepFailure] = [None] * len(arguments)
+        for group, future in zip(groups, futures, strict=True):
+            outcome = _result_or_failure(future)
+            for index, position in enumerate(group):
+                results[position] = outcome if isinstance(outcome, StepFailure) else outcome[index]
+        return results
 
 
 def _result_or_failure(future) -> Any | StepFailure:

@@ -44,6 +44,8 @@ ROUND_METRICS = (
     "train_loss",
     "round_seconds",
     "client_train_seconds",
+    "client_work_seconds",
+    "critical_client_seconds",
     "phase1_seconds",
     "exchange_seconds",
     "phase2_seconds",

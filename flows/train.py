@@ -54,9 +54,12 @@ def make_task_runner(runner: RunnerConfig):
     if runner.kind == "dask":
         from prefect_dask import DaskTaskRunner
 
+        from .dask_cluster import local_cluster
+
         if runner.dask_address:
             return DaskTaskRunner(address=runner.dask_address)
         return DaskTaskRunner(
+            cluster_class=local_cluster,
             cluster_kwargs={
                 "n_workers": workers,
                 "threads_per_worker": 1,
@@ -103,7 +106,7 @@ def train(
 ) -> dict[str, Any]:
     logger = get_run_logger()
     run_dir = experiment_run_dir(runs_dir, experiment)
-    _, threads = worker_layout(config.runner)
+    workers, threads = worker_layout(config.runner)
     torch.set_num_threads(threads)
     uri = resolve_tracking_uri(tracking_uri)
     tracker = RunTracker.open(
@@ -134,7 +137,7 @@ def train(
         print(line, flush=True)
         logger.info(line)
 
-    executor = PrefectExecutor(threads)
+    executor = PrefectExecutor(threads, workers, config.runner.client_tasks)
     try:
         history = run_experiment(
             config,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,8 @@ from fedcme_core.data import (
     resolve_mirror,
     subset,
 )
+
+from .conftest import REPO_ROOT
 
 SHARED_MIRROR = Path(__file__).parents[2] / "shared" / "data"
 FMNIST_FILES = (
@@ -173,7 +177,9 @@ def test_download_failure_without_mirror_says_so(tmp_path: Path, monkeypatch: py
     def offline_download(self: object) -> None:
         raise OSError("network unreachable")
 
-    monkeypatch.setattr(data_module.torchvision.datasets.FashionMNIST, "download", offline_download)
+    import torchvision
+
+    monkeypatch.setattr(torchvision.datasets.FashionMNIST, "download", offline_download)
 
     with pytest.raises(DataError, match="no data mirror configured.*FEDCME_DATA_MIRROR.*download.*failed"):
         load_dataset("fmnist", data_dir=tmp_path / "data", mirror=None)
@@ -330,3 +336,11 @@ def test_dataset_checks_its_tensors() -> None:
             mean=(0.0,),
             std=(1.0,),
         )
+
+
+def test_importing_the_data_module_leaves_torchvision_unloaded() -> None:
+    # torchvision pulls in torch._dynamo (about 2 s of every command's start-up); only a
+    # Fashion-MNIST read or a download needs it.
+    code = "import sys, fedcme_core.data, flows.train; print('torchvision' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    assert result.stdout.strip() == "False"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,7 +13,10 @@ from fedcme_core.features import (
     aggregate_global_features,
     alignment_loss,
     local_features,
+    local_statistics,
 )
+from fedcme_core.matching import evaluation_vector
+from fedcme_core.models import build_model
 
 from .helpers import LinearSplitModel
 
@@ -38,6 +42,39 @@ def test_local_features_hand_set(batch_size: int) -> None:
     assert counts.tolist() == [2, 0, 1]
     assert model.training
     assert not means.requires_grad
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 1024])
+def test_one_pass_statistics_hand_set(batch_size: int) -> None:
+    # Prepare: logits = (h1 + h2) for every class, so argmax is class 0 for every sample:
+    # the evaluation subset {0, 2} holds one class-0 sample (right) and one class-2 sample (wrong).
+    model = HandSetModel()
+    x = torch.tensor([[1.0, 1.0], [3.0, 1.0], [2.0, 2.0]])
+    y = torch.tensor([0, 0, 2])
+
+    statistics = local_statistics(model, x, y, num_classes=3, eval_positions=np.array([0, 2]), batch_size=batch_size)
+
+    torch.testing.assert_close(statistics.feature_means, torch.tensor([[2.0, 2.0], [0.0, 0.0], [2.0, 4.0]]))
+    assert statistics.feature_counts.tolist() == [2, 0, 1]
+    assert statistics.evaluation_vector.tolist() == [1.0, 0.0, 0.0]
+    assert local_statistics(model, x, y, num_classes=3).evaluation_vector is None
+
+
+@pytest.mark.parametrize("name, shape", [("fmnist_cnn", (1, 28, 28)), ("cifar_cnn", (3, 32, 32))])
+def test_one_pass_statistics_equal_the_two_separate_passes(name: str, shape: tuple[int, ...]) -> None:
+    generator = torch.Generator().manual_seed(3)
+    model = build_model(name, seed=1)
+    x = torch.randn(300, *shape, generator=generator)
+    y = torch.randint(0, 7, (300,), generator=generator)  # classes 7-9 absent
+    subset = np.sort(np.random.default_rng(0).choice(300, size=60, replace=False))
+
+    statistics = local_statistics(model, x, y, 10, eval_positions=subset)
+    means, counts = local_features(model, x, y, 10)
+
+    torch.testing.assert_close(statistics.feature_means, means, rtol=0, atol=1e-6)
+    assert torch.equal(statistics.feature_counts, counts)
+    np.testing.assert_array_equal(statistics.evaluation_vector, evaluation_vector(model, x[subset], y[subset], 10))
+    assert statistics.evaluation_vector[7:].tolist() == [0.0, 0.0, 0.0]
 
 
 def two_client_uploads() -> list[tuple[torch.Tensor, torch.Tensor, float]]:

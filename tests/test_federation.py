@@ -5,26 +5,28 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedcme_core.checkpoints import load_checkpoint
+from fedcme_core.checkpoints import load_checkpoint, save_checkpoint
+from fedcme_core.evaluation import evaluate
 from fedcme_core.federation import (
     RunError,
     RunPaths,
     SerialExecutor,
+    balanced_groups,
     completed_rounds,
+    evaluate_step,
     exchange_step,
     final_model,
+    load_experiment_dataset,
     load_server_state,
     run_experiment,
+    shared_server_state,
 )
+from fedcme_core.partition import load_partition
 
 from .helpers import same_state
 
-TIMING_KEYS = {"round_seconds", "client_train_seconds", "phase1_seconds", "phase2_seconds", "exchange_seconds",
-               "aggregate_seconds", "evaluate_seconds"}
-
-
 def without_timings(history):
-    return [{key: value for key, value in record.items() if key not in TIMING_KEYS} for record in history]
+    return [{key: value for key, value in record.items() if not key.endswith("_seconds")} for record in history]
 
 
 def test_fedcme_two_rounds_end_to_end(tmp_path, synthetic_config):
@@ -124,7 +126,7 @@ class CrashingExecutor(SerialExecutor):
         self._maybe_crash(step, args)
         return function(*args)
 
-    def map(self, step, function, arguments, retries=0):
+    def map(self, step, function, arguments, retries=0, costs=None):
         results = []
         for args in arguments:
             if len(results) == 1:
@@ -200,3 +202,70 @@ def test_channels_last_equals_the_default_format_within_its_tolerance(tmp_path, 
     assert [r["test_accuracy"] for r in fast_history] == [r["test_accuracy"] for r in plain_history]
     differences = [(plain[key].float() - fast[key].float()).abs().max().item() for key in plain]
     assert max(differences) <= CHANNELS_LAST_TOLERANCE
+
+
+class RecordingExecutor(SerialExecutor):
+    """The serial executor, noting the clients of every parallel map in submission order."""
+
+    def __init__(self) -> None:
+        self.submitted: list[list[int]] = []
+        self.costs: list[list[float]] = []
+
+    def map(self, step, function, arguments, retries=0, costs=None):
+        self.submitted.append([args[3] for args in arguments])
+        self.costs.append(list(costs))
+        return super().map(step, function, arguments, retries, costs)
+
+
+def test_clients_are_submitted_largest_first_and_the_round_reports_its_critical_path(tmp_path, synthetic_config):
+    executor = RecordingExecutor()
+
+    history = run_experiment(synthetic_config({"federation.rounds": 1}), tmp_path / "run", executor)
+
+    sizes = {client: len(indices) for client, indices in enumerate(load_partition(RunPaths(tmp_path / "run").partition).clients)}
+    assert len(executor.submitted) == 2  # phase 1 and phase 2 of FedCME
+    for submitted, costs in zip(executor.submitted, executor.costs):
+        assert sorted(submitted) == sorted(history[0]["selected"])
+        assert [sizes[client] for client in submitted] == sorted((sizes[client] for client in submitted), reverse=True)
+        assert costs == [float(sizes[client]) for client in submitted]
+    record = history[0]
+    assert 0 < record["client_train_seconds"] < record["client_work_seconds"]
+    assert record["client_work_seconds"] / 4 <= record["critical_client_seconds"] <= record["client_work_seconds"]
+
+
+def test_clients_share_one_read_of_the_server_state_until_it_changes(tmp_path, synthetic_config):
+    run_dir = tmp_path / "run"
+    run_experiment(synthetic_config({"federation.rounds": 1}), run_dir)
+
+    first = shared_server_state(run_dir, 1)
+    assert shared_server_state(run_dir, 1) is first
+    save_checkpoint({**first, "round": 99}, RunPaths(run_dir).server_state(1))
+    assert shared_server_state(run_dir, 1)["round"] == 99
+
+
+def test_evaluation_uses_every_core_and_gives_the_one_thread_figures(tmp_path, synthetic_config):
+    config = synthetic_config({"federation.rounds": 1, "runner.keep_round_files": True})
+    run_experiment(config, tmp_path / "run")
+    dataset = load_experiment_dataset(config.data, config.seed)
+    model = final_model(config, tmp_path / "run")
+    torch.set_num_threads(1)
+
+    figures = evaluate_step(config, tmp_path / "run", 0)
+
+    assert torch.get_num_threads() == 1  # restored after the step
+    one_thread = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes)
+    assert (figures["test_accuracy"], figures["test_loss"]) == (one_thread.accuracy, one_thread.loss)
+
+
+@pytest.mark.parametrize(
+    "costs, groups, expected",
+    [
+        ([5, 4, 3, 3, 3], 2, [[0, 3], [1, 2, 4]]),  # loads 5|4, 5|7, 8|7, 8|10
+        ([1, 1, 1, 1], 2, [[0, 2], [1, 3]]),
+        ([2, 9, 4], 1, [[1, 2, 0]]),
+        ([3], 4, [[0]]),
+        ([], 2, []),
+    ],
+)
+def test_balanced_groups_hand_computed(costs, groups, expected):
+    assert balanced_groups(costs, groups) == expected

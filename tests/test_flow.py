@@ -40,7 +40,8 @@ def train(tmp_path: Path, experiment: str, **overrides):
 
 
 def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
-    summary, client = train(tmp_path, "smoke", **{"runner.kind": "threads", "runner.workers": 2})
+    overrides = {"runner.kind": "threads", "runner.workers": 2, "runner.client_tasks": "worker"}
+    summary, client = train(tmp_path, "smoke", **overrides)
 
     run = client.get_run(summary["mlflow_run_id"])
     for metric in ROUND_METRICS:
@@ -50,8 +51,9 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
     assert run.data.tags["dataset"] == "synthetic" and len(run.data.tags["partition_hash"]) == 64
     assert run.data.tags["git_commit"]
     assert run.info.status == "FINISHED"
-    assert summary["prefect_task_runs"] == 1 + 2 * 14  # prepare; per round 6 steps + 2 phases x 4 clients
-    assert wait_for_task_run_records(summary["prefect_flow_run_id"], 29) == 29
+    # prepare; per round 6 steps + 2 phases x 2 worker tasks (runner.client_tasks: worker)
+    assert summary["prefect_task_runs"] == 1 + 2 * 10
+    assert wait_for_task_run_records(summary["prefect_flow_run_id"], 21) == 21
     artifacts = [item.path for item in client.list_artifacts(run.info.run_id, "matching")]
     assert artifacts == ["matching/round-0000.json", "matching/round-0001.json"]
     matching = json.loads(Path(client.download_artifacts(run.info.run_id, artifacts[1], str(tmp_path))).read_text())
@@ -90,6 +92,7 @@ def test_sequential_threads_and_dask_give_the_same_model(tmp_path):
     runners = {
         "sequential": {"runner.kind": "sequential"},
         "threads": {"runner.kind": "threads", "runner.workers": 2},
+        "threads-task-per-worker": {"runner.kind": "threads", "runner.workers": 2, "runner.client_tasks": "worker"},
         "dask": {"runner.kind": "dask", "runner.workers": 2},
     }
     models = {}
@@ -98,6 +101,7 @@ def test_sequential_threads_and_dask_give_the_same_model(tmp_path):
         models[name] = final_model(load_config(SMOKE), summary["run_dir"])
 
     assert same_state(models["sequential"], models["threads"])
+    assert same_state(models["sequential"], models["threads-task-per-worker"])
     assert same_state(models["sequential"], models["dask"])
 
 

@@ -31,8 +31,9 @@ from .test_faults import FlakyTraining, first_client_of_round_zero
 SMOKE = REPO_ROOT / "configs" / "smoke.yaml"
 
 
-def test_a_failing_client_task_is_retried_by_prefect_then_dropped_and_logged(tmp_path, prefect_server, monkeypatch):
-    overrides = {"runner.workers": 2, "runner.retries": 2}
+@pytest.mark.parametrize("client_tasks", ["worker", "client"])
+def test_a_failing_client_is_retried_then_dropped_and_logged(tmp_path, prefect_server, monkeypatch, client_tasks):
+    overrides = {"runner.workers": 2, "runner.retries": 2, "runner.client_tasks": client_tasks}
     failing = first_client_of_round_zero(load_config(SMOKE))
     flaky = FlakyTraining(failing, failures=10)
     monkeypatch.setattr(federation, "train_phase_step", flaky)
@@ -40,7 +41,7 @@ def test_a_failing_client_task_is_retried_by_prefect_then_dropped_and_logged(tmp
 
     summary = run_training(str(SMOKE), "flaky", overrides=overrides, runs_dir=str(tmp_path / "runs"), tracking_uri=uri)
 
-    assert flaky.calls == 3  # the first try and Prefect's two retries
+    assert flaky.calls == 3  # the first try and two retries (inside the worker's task, or Prefect's task retries)
     client = MlflowClient(tracking_uri=uri)
     failed = client.get_metric_history(summary["mlflow_run_id"], "failed_clients")
     assert [(metric.step, metric.value) for metric in failed] == [(0, 1.0), (1, 0.0)]
