@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli import QUIET_ENVIRONMENT as CLI_QUIET_ENVIRONMENT
+from flows.prefect_server import stop_with_parent
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -278,7 +279,7 @@ class PrefectServer:
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"],
             env=environment, cwd=self.home, stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=_stop_with_parent,  # noqa: PLW1509 - run_all starts it before any thread
+            preexec_fn=stop_with_parent,  # noqa: PLW1509 - run_all starts it before any thread
         )
         self._ready = False
 
@@ -316,14 +317,3 @@ class PrefectServer:
             except ProcessLookupError:
                 pass
         shutil.rmtree(self.home, ignore_errors=True)
-
-
-def _stop_with_parent() -> None:
-    """In the server's process (Linux): SIGTERM when the process that started it dies."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass

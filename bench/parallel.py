@@ -11,10 +11,14 @@ upload checkpoint), in a prepared run directory. Layouts:
              core once; or --start-method spawn), each worker torch threads = 1;
 * dask:      ``flows.dask_cluster.local_cluster(n_workers=2, threads_per_worker=1, processes=True)``
              on 127.0.0.1 (a LocalCluster whose workers keep glibc's malloc defaults), each
-             worker torch threads = 1 (what the ``dask`` runner starts).
+             worker torch threads = 1 (what the ``dask`` runner starts);
+* bare:      the processes layout running, from the same global model, a bare PyTorch loop
+             over each client's tensors (E epochs, then one no-grad pass as step 7 does) and
+             none of our code: how two such processes scale on this machine.
 
 Each layout starts one 2-worker pool; "1 worker" is the same pool used one task at a time
-(dask: every task pinned to one worker), "2 workers" submits all M tasks at once. Start-up
+(dask: every task pinned to one worker), "2 workers" submits all M tasks at once, largest client
+first as the round does (since stop 10; before, in selection order). Start-up
 (pool start, imports, dataset and partition loading in every worker) is timed separately and
 excluded from throughput; 1w and 2w runs of every layout are interleaved. Throughput is the
 round's trained samples over its wall time. Target: speedup 2w/1w >= 1.85 (default runner).
@@ -43,8 +47,10 @@ import torch
 
 from fedcme_core import federation
 from fedcme_core.config import config_from_dict
+from fedcme_core.models import build_model
+from local_training import bare_loop
 
-LAYOUTS = ("threads", "processes", "dask")
+LAYOUTS = ("threads", "processes", "dask", "bare")
 QUICK_LAYOUTS = ("threads", "processes")
 
 
@@ -59,6 +65,27 @@ def warm_worker(config, run_dir: str) -> int:
 def train_client(config, run_dir: str, client: int) -> dict:
     torch.set_num_threads(1)
     return federation.train_phase_step(config, run_dir, 0, client, 0, None)
+
+
+def bare_client(config, run_dir: str, client: int) -> dict:
+    """The same client's arithmetic with none of our code: from the same global model, a bare
+    PyTorch loop over its tensors for E epochs, then one no-grad pass over them (as step 7 does)."""
+    torch.set_num_threads(1)
+    dataset = federation.load_experiment_dataset(config.data, config.seed)
+    partition, _ = federation.run_partition(config, Path(run_dir))
+    indices = torch.tensor(partition.clients[client])
+    inputs, labels = dataset.x_train[indices], dataset.y_train[indices]  # [D_k, C_in, H, W], [D_k]
+    model = build_model(config.model.name, num_classes=dataset.num_classes)
+    model.load_state_dict(federation.shared_server_state(Path(run_dir), 0)["model"])  # w^0, as our step starts
+    started = time.perf_counter()
+    for _ in range(config.training.local_epochs):
+        bare_loop(model, inputs, labels, config.training.batch_size, config.training)
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, labels.shape[0], 128):
+            model(inputs[start : start + 128])
+    seconds = time.perf_counter() - started
+    return {"client": client, "seconds": seconds, "samples": int(labels.shape[0]) * config.training.local_epochs}
 
 
 class ThreadLayout:
@@ -77,6 +104,8 @@ class ThreadLayout:
 
 
 class ProcessLayout:
+    task = staticmethod(train_client)
+
     def __init__(self, config, run_dir: str, workers: int, start_method: str) -> None:
         context = multiprocessing.get_context(start_method)
         if start_method == "forkserver":  # workers fork from a server that imported these once
@@ -90,14 +119,20 @@ class ProcessLayout:
             seen.update(self.pool.map(_pid, [0.05] * workers))
 
     def serial(self, config, run_dir, clients):
-        return [self.pool.submit(train_client, config, run_dir, client).result() for client in clients]
+        return [self.pool.submit(self.task, config, run_dir, client).result() for client in clients]
 
     def parallel(self, config, run_dir, clients):
-        futures = [self.pool.submit(train_client, config, run_dir, client) for client in clients]
+        futures = [self.pool.submit(self.task, config, run_dir, client) for client in clients]
         return [future.result() for future in futures]
 
     def close(self) -> None:
         self.pool.shutdown()
+
+
+class BareLayout(ProcessLayout):
+    """The processes layout running `bare_client` instead of our step."""
+
+    task = staticmethod(bare_client)
 
 
 def _pid(pause: float) -> int:
@@ -139,6 +174,8 @@ def start_layout(name: str, config, run_dir: str, workers: int, start_method: st
         return ThreadLayout(config, run_dir, workers)
     if name == "processes":
         return ProcessLayout(config, run_dir, workers, start_method)
+    if name == "bare":
+        return BareLayout(config, run_dir, workers, start_method)
     return DaskLayout(config, run_dir, workers)
 
 
@@ -174,7 +211,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fedcme-bench-parallel-") as scratch:
         run_dir = str(Path(scratch) / "run")
         federation.prepare_run(config, run_dir)
-        clients = federation.select_step(config, 0)
+        # Largest client first, as `federation.run_round` hands a phase's clients to the workers.
+        partition, _ = federation.run_partition(config, Path(run_dir))
+        clients = sorted(federation.select_step(config, 0), key=lambda client: (-len(partition.clients[client]), client))
 
         started_layouts, startup = {}, {}
         try:
@@ -204,7 +243,7 @@ def main() -> None:
         two = samples / common.median(walls[(name, workers)])
         record = {
             "layout": name,
-            "start_method": arguments.start_method if name == "processes" else None,
+            "start_method": arguments.start_method if name in ("processes", "bare") else None,
             **common.describe(config),
             "workers": [1, workers],
             "threads_per_worker": 1,

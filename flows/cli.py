@@ -83,22 +83,30 @@ def simulate(arguments: argparse.Namespace) -> int:
 
 
 def train(arguments: argparse.Namespace) -> int:
-    from fedcme_core.config import load_config
+    from .prefect_server import startup_timeout, temporary_prefect_server
 
-    from .train import run_training
+    # With no Prefect API configured, Prefect's temporary server starts first and boots on the
+    # other core while this process imports torch, MLflow and the flow below.
+    with temporary_prefect_server() as server:
+        from fedcme_core.config import load_config
+        from fedcme_core.federation import check_experiment_name
 
-    load_config(arguments.config, overrides=dict(arguments.overrides))
-    if not os.environ.get("PREFECT_API_URL"):
-        print("Prefect: no PREFECT_API_URL set, so this run uses a temporary Prefect server "
-              "(records kept in $PREFECT_HOME/prefect.db; see the README for the UI)", flush=True)
-    summary = run_training(
-        arguments.config,
-        arguments.experiment,
-        overrides=dict(arguments.overrides),
-        runs_dir=arguments.runs_dir,
-        tracking_uri=arguments.tracking_uri,
-        partition_file=arguments.partition,
-    )
+        from .train import run_training
+
+        check_experiment_name(arguments.experiment)
+        load_config(arguments.config, overrides=dict(arguments.overrides))
+        if server is not None:
+            print("Prefect: no PREFECT_API_URL set, so this run uses a temporary Prefect server "
+                  "(records kept in $PREFECT_HOME/prefect.db; see the README for the UI)", flush=True)
+            server.wait_ready(startup_timeout())
+        summary = run_training(
+            arguments.config,
+            arguments.experiment,
+            overrides=dict(arguments.overrides),
+            runs_dir=arguments.runs_dir,
+            tracking_uri=arguments.tracking_uri,
+            partition_file=arguments.partition,
+        )
     print(json.dumps(summary))
     return 0
 
@@ -170,8 +178,8 @@ def quiet_environment() -> None:
         os.environ.setdefault(key, value)
 
 
-def report_errors(action: Callable[[], int]) -> int:
-    """Run `action`; a known bad input becomes one line on stderr and exit status 2."""
+def known_errors() -> tuple[type[Exception], ...]:
+    """Bad input and unusable services: reported as one line, without a traceback."""
     from fedcme_core.checkpoints import CheckpointError
     from fedcme_core.config import ConfigError
     from fedcme_core.data import DataError
@@ -179,16 +187,28 @@ def report_errors(action: Callable[[], int]) -> int:
     from fedcme_core.federation import RunError
     from fedcme_core.partition import PartitionError
 
-    from .errors import TrackingError
+    from .errors import OrchestratorError, TrackingError
 
+    return (ConfigError, DataError, PartitionError, CheckpointError, RunError, RoundError, TrackingError,
+            OrchestratorError)
+
+
+def report_errors(action: Callable[[], int]) -> int:
+    """Run `action`; a known bad input becomes one line on stderr and exit status 2.
+
+    The error classes are imported only when something fails, so that a command's first
+    step (starting Prefect's server, for `train`) comes before torch is imported.
+    """
     try:
         return action()
-    except (ConfigError, DataError, PartitionError, CheckpointError, RunError, RoundError, TrackingError) as error:
-        print(f"fedcme: error: {error}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("fedcme: interrupted; run the same command again to resume from the last completed round", file=sys.stderr)
         return 130
+    except Exception as error:
+        if not isinstance(error, known_errors()):
+            raise
+        print(f"fedcme: error: {error}", file=sys.stderr)
+        return 2
 
 
 _library_showwarning = warnings.showwarning
@@ -212,10 +232,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(arguments: argparse.Namespace) -> int:
-    """Check the experiment name (it becomes a folder under --runs-dir), then run the command."""
-    from fedcme_core.federation import check_experiment_name
+    """Check the experiment name (it becomes a folder under --runs-dir), then run the command.
 
-    check_experiment_name(arguments.experiment)
+    `train` checks it itself, after starting Prefect's server (see `train`)."""
+    if arguments.command != "train":
+        from fedcme_core.federation import check_experiment_name
+
+        check_experiment_name(arguments.experiment)
     return arguments.handler(arguments)
 
 

@@ -5,3 +5,7 @@ from __future__ import annotations
 
 class TrackingError(RuntimeError):
     """The MLflow tracking store cannot be used; the message names it."""
+
+
+class OrchestratorError(RuntimeError):
+    """Prefect's server cannot be started or reached; the message says why."""

@@ -194,10 +194,13 @@ def run_training(config_file: str, experiment: str, **parameters: Any) -> dict[s
 
 
 def uses_temporary_server() -> bool:
-    """True when no PREFECT_API_URL is set: Prefect starts a temporary server for this process."""
+    """True when this process's Prefect server stops with it: Prefect's own temporary server
+    (no PREFECT_API_URL) or the one `fedcme train` started (flows.prefect_server)."""
     from prefect.settings import PREFECT_API_URL
 
-    return not PREFECT_API_URL.value()
+    from .prefect_server import is_temporary
+
+    return is_temporary(PREFECT_API_URL.value())
 
 
 def recorded_task_runs(flow_run_id: str) -> int:

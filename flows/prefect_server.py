@@ -1,0 +1,170 @@
+"""Prefect's temporary server, started at the top of a command instead of at its first API call.
+
+With no API URL configured, Prefect starts a temporary server the first time a flow talks to
+its API: after the command has imported torch, MLflow and the flow, the process imports
+Prefect's whole server app (4 s here) only to launch it, and then waits for the server's own
+start (5-8 s warm). `temporary_prefect_server` launches the same server app (the uvicorn
+command of Prefect's `SubprocessASGIServer`) before those imports, so the server starts on one
+core while the command imports on the other, and points this process and its children at it.
+With an API URL configured (environment, profile or prefect.toml) it does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import OrchestratorError
+
+# Prefect's SubprocessASGIServer: the server app without UI and with ephemeral-mode services.
+SERVER_ENVIRONMENT = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+PORT_IN_USE_EXIT_STATUS = 3  # uvicorn's exit status when it cannot bind its port
+
+_running: list[TemporaryServer] = []  # the server of the active `temporary_prefect_server` block
+
+
+class TemporaryServer:
+    """A Prefect server process on 127.0.0.1, stopped with `stop` (or when this process dies)."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.process = _launch(self.port)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the server answers its health check; a server that cannot start is an error."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.process.poll()
+            if status == PORT_IN_USE_EXIT_STATUS:  # lost the port to another process: take a new one
+                self.port = _free_port()
+                self.process = _launch(self.port)
+            elif status is not None:
+                raise OrchestratorError(f"the temporary Prefect server exited with status {status} while starting")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise OrchestratorError(f"the temporary Prefect server did not answer within {timeout:.0f} s "
+                            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@contextlib.contextmanager
+def temporary_prefect_server() -> Iterator[TemporaryServer | None]:
+    """Start Prefect's temporary server now when no API URL is configured, and use it inside.
+
+    Yields the server (None when an API URL is configured). Inside the block this process's
+    Prefect settings and the environment its worker processes inherit point at the server;
+    call `wait_ready` before the first API call. The server stops when the block exits.
+    """
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    settings = get_current_settings()
+    if settings.api.url:
+        yield None
+        return
+    server = TemporaryServer()
+    previous_url = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = server.api_url
+    _running.append(server)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield server
+    finally:
+        _running.remove(server)
+        drain_prefect_workers()
+        server.stop()
+        if previous_url is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous_url
+
+
+def is_temporary(api_url: str | None) -> bool:
+    """True for no API URL (Prefect starts its own temporary server) and for ours."""
+    return not api_url or any(server.api_url == api_url for server in _running)
+
+
+def drain_prefect_workers() -> None:
+    """Send this process's buffered Prefect logs and events before the server stops (as
+    Prefect's test harness does), so that stopping it costs no connection errors."""
+    import inspect
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        try:
+            drained = APILogWorker.instance().drain()
+            if inspect.isawaitable(drained):
+                await drained
+        except RuntimeError:  # the log worker never started
+            pass
+        drained = EventsWorker.drain_all()
+        if inspect.isawaitable(drained):
+            await drained
+
+    run_coro_as_sync(drain())
+
+
+def startup_timeout() -> float:
+    from prefect.settings import get_current_settings
+
+    return float(get_current_settings().server.ephemeral.startup_timeout_seconds)
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _launch(port: int) -> subprocess.Popen:
+    import prefect
+    from prefect.settings import get_current_settings
+
+    command = [
+        sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent),
+        "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+        "--log-level", "error", "--lifespan", "on",
+    ]
+    environment = {
+        **os.environ, **SERVER_ENVIRONMENT, **get_current_settings().to_environment_variables(exclude_unset=True),
+    }
+    return subprocess.Popen(command, env=environment, preexec_fn=stop_with_parent)  # noqa: PLW1509 - before any thread
+
+
+def stop_with_parent() -> None:
+    """In the server's process (Linux): SIGTERM when the command that started it dies."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

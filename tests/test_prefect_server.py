@@ -1,0 +1,114 @@
+"""Prefect's temporary server as `fedcme train` starts it itself (flows.prefect_server), for real:
+launched before the heavy imports, used by the flow, and stopped when the command ends or dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.errors import OrchestratorError
+from flows.prefect_server import TemporaryServer, temporary_prefect_server
+from .conftest import REPO_ROOT, SYNTHETIC
+
+
+def environment_without_api(prefect_home: Path) -> dict[str, str]:
+    environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    environment.update(PREFECT_HOME=str(prefect_home), PYTHONPATH=str(REPO_ROOT))
+    return environment
+
+
+def processes_with_environment(entry: str) -> list[int]:
+    """Pids of the processes whose environment holds `entry` (e.g. PREFECT_HOME=...)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def test_train_without_an_api_url_runs_on_its_own_server_and_stops_it(tmp_path):
+    home = tmp_path / "prefect-home"
+    config = tmp_path / "tiny.yaml"
+    values = {**SYNTHETIC, "federation": {"num_clients": 4, "clients_per_round": 2, "rounds": 1}}
+    config.write_text(yaml.safe_dump(values))
+    command = [sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--experiment", "own-server",
+               "--runs-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    result = subprocess.run(command, cwd=tmp_path, env=environment_without_api(home), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "uses a temporary Prefect server" in result.stdout
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    # The run waited for the server to store every task run before stopping it.
+    assert summary["prefect_task_runs_recorded"] == summary["prefect_task_runs"] > 0
+    # The flow run is recorded in the temporary server's database under this PREFECT_HOME.
+    with sqlite3.connect(home / "prefect.db") as database:
+        runs = database.execute(
+            "select flow.name, flow_run.state_type from flow_run join flow on flow.id = flow_run.flow_id"
+        ).fetchall()
+    assert runs == [("fedcme-train", "COMPLETED")]
+    # No process of that server is left.
+    deadline = time.monotonic() + 10
+    while processes_with_environment(f"PREFECT_HOME={home}") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [pid for pid in processes_with_environment(f"PREFECT_HOME={home}") if not is_gone(pid)] == []
+
+
+def test_the_server_stops_when_the_command_is_killed(tmp_path):
+    script = textwrap.dedent("""
+        import time
+        from flows.prefect_server import temporary_prefect_server
+        with temporary_prefect_server() as server:
+            print(server.process.pid, flush=True)
+            time.sleep(600)
+    """)
+    command = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, env=environment_without_api(tmp_path / "home"),
+                               stdout=subprocess.PIPE, text=True)
+    server_pid = int(command.stdout.readline())
+    assert not is_gone(server_pid)
+    command.send_signal(signal.SIGKILL)
+    command.wait()
+    deadline = time.monotonic() + 20
+    while not is_gone(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert is_gone(server_pid)
+
+
+def test_a_configured_api_url_starts_nothing_and_changes_nothing():
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    before = os.environ.get("PREFECT_API_URL")
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        with temporary_prefect_server() as server:
+            assert server is None
+            assert os.environ.get("PREFECT_API_URL") == before
+
+
+def test_a_server_that_exits_while_starting_is_a_one_line_error():
+    server = TemporaryServer()
+    server.process.kill()
+    server.process.wait()
+    with pytest.raises(OrchestratorError, match="exited with status -9 while starting"):
+        server.wait_ready(timeout=30)
