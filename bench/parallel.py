@@ -24,7 +24,7 @@ excluded from throughput; 1w and 2w runs of every layout are interleaved. Throug
 round's trained samples over its wall time. Target: speedup 2w/1w >= 1.85 (default runner).
 
 Quick mode (checks the script works): synthetic data, K=4, M=2, E=1, 1 repeat, and only the
-threads and processes layouts unless --layouts names dask (a LocalCluster start costs more than
+threads, processes and bare layouts unless --layouts names dask (a LocalCluster start costs more than
 the rest of the quick run).
 
     .venv/bin/python bench/parallel.py [--layouts threads,processes,dask] [--repeats 3] [--quick]
@@ -51,7 +51,7 @@ from fedcme_core.models import build_model
 from local_training import bare_loop
 
 LAYOUTS = ("threads", "processes", "dask", "bare")
-QUICK_LAYOUTS = ("threads", "processes")
+QUICK_LAYOUTS = ("threads", "processes", "bare")
 
 
 def warm_worker(config, run_dir: str) -> int:

@@ -2,7 +2,7 @@
 well-formed JSON record per measurement for every benchmark (no timing assertions).
 
 Quick mode is cut to the smallest sizes; what it leaves out of the full measurements, and what
-this test therefore accepts: `parallel` has the threads and processes layouts (dask only in full
+this test therefore accepts: `parallel` has the threads, processes and bare layouts (dask only in full
 mode), `startup` one launch (no warm launch, so no cold/warm ratio), and the Prefect flows of
 `overhead` and `startup` run against one server: here the test session's (`prefect_server`), so
 that the suite starts no temporary Prefect server of its own."""
@@ -77,5 +77,5 @@ def test_quick_benchmarks_write_well_formed_results(tmp_path, prefect_server):
         if record["bench"] == "memory":
             assert set(record["peak_rss_mib"]) == {"w1_K4", "w2_K4", "w2_K40"}
             assert all(summary > 0 for summary in record["run_seconds"].values())
-    assert {record["layout"] for record in records if record["bench"] == "parallel"} == {"threads", "processes"}
+    assert {record["layout"] for record in records if record["bench"] == "parallel"} == {"threads", "processes", "bare"}
     assert {record["model"] for record in records if record["bench"] == "per_sample"} == {"fmnist_cnn", "cifar_cnn"}
