@@ -48,6 +48,7 @@ import torch
 from fedcme_core import federation
 from fedcme_core.config import config_from_dict
 from fedcme_core.models import build_model
+from fedcme_core.partition import load_partition
 from local_training import bare_loop
 
 LAYOUTS = ("threads", "processes", "dask", "bare")
@@ -211,9 +212,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fedcme-bench-parallel-") as scratch:
         run_dir = str(Path(scratch) / "run")
         federation.prepare_run(config, run_dir)
-        # Largest client first, as `federation.run_round` hands a phase's clients to the workers.
-        partition, _ = federation.run_partition(config, Path(run_dir))
-        clients = sorted(federation.select_step(config, 0), key=lambda client: (-len(partition.clients[client]), client))
+        # Largest client first, as `federation.run_round` hands a phase's clients to the workers
+        # (read from the file: the layouts' start-up below still loads the run's partition).
+        sizes = [len(indices) for indices in load_partition(federation.RunPaths(run_dir).partition).clients]
+        clients = sorted(federation.select_step(config, 0), key=lambda client: (-sizes[client], client))
 
         started_layouts, startup = {}, {}
         try:
@@ -249,7 +251,7 @@ def main() -> None:
             "threads_per_worker": 1,
             "repeats": repeats,
             "samples_per_round": samples,
-            "startup_seconds": round(startup[name], 3),
+            "startup_seconds": round(startup[name], 4),
             "round_wall_seconds": {"1w": round(common.median(walls[(name, 1)]), 3),
                                    f"{workers}w": round(common.median(walls[(name, workers)]), 3)},
             "in_task_seconds": {"1w": round(common.median(in_task[(name, 1)]), 3),

@@ -26,7 +26,6 @@ from .errors import OrchestratorError
 
 # Prefect's SubprocessASGIServer: the server app without UI and with ephemeral-mode services.
 SERVER_ENVIRONMENT = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-PORT_IN_USE_EXIT_STATUS = 3  # uvicorn's exit status when it cannot bind its port
 
 _running: list[TemporaryServer] = []  # the server of the active `temporary_prefect_server` block
 
@@ -47,11 +46,10 @@ class TemporaryServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = self.process.poll()
-            if status == PORT_IN_USE_EXIT_STATUS:  # lost the port to another process: take a new one
-                self.port = _free_port()
-                self.process = _launch(self.port)
-            elif status is not None:
-                raise OrchestratorError(f"the temporary Prefect server exited with status {status} while starting")
+            if status is not None:  # 3: another process took the free port between probe and bind
+                raise OrchestratorError(
+                    f"the temporary Prefect server on port {self.port} exited with status {status} while starting"
+                )
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=1) as response:
                     if response.status == 200:
@@ -61,7 +59,7 @@ class TemporaryServer:
             time.sleep(0.05)
         self.stop()
         raise OrchestratorError(f"the temporary Prefect server did not answer within {timeout:.0f} s "
-                            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+                                "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
 
     def stop(self) -> None:
         if self.process.poll() is None:
