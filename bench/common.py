@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli import QUIET_ENVIRONMENT as CLI_QUIET_ENVIRONMENT
-from flows.prefect_server import stop_with_parent
+from flows.prefect_server import SERVER_ENVIRONMENT, free_port, server_command, stop_with_parent, wait_until_healthy
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -259,47 +259,27 @@ class PrefectServer:
     blocks). Starts at once; `wait_ready` blocks until it answers."""
 
     def __init__(self) -> None:
-        import importlib.util
-        import socket
         import subprocess
 
         self.home = Path(tempfile.mkdtemp(prefix="fedcme-bench-prefect-"))
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
-        site_packages = Path(importlib.util.find_spec("prefect").origin).parent.parent
         environment = {**os.environ, **{key: value for key, value in QUIET_ENVIRONMENT.items() if key not in os.environ},
-                       "PREFECT_HOME": str(self.home), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                       "PREFECT__SERVER_FINAL": "1", "PREFECT_API_BLOCKS_REGISTER_ON_START": "false"}
+                       "PREFECT_HOME": str(self.home), **SERVER_ENVIRONMENT, "PREFECT_API_BLOCKS_REGISTER_ON_START": "false"}
         environment.pop("PREFECT_API_URL", None)
         environment.pop("PREFECT_API_DATABASE_CONNECTION_URL", None)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", str(site_packages), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"],
-            env=environment, cwd=self.home, stdin=subprocess.DEVNULL, start_new_session=True,
+            server_command(self.port), env=environment, cwd=self.home, stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=stop_with_parent,  # noqa: PLW1509 - run_all starts it before any thread
         )
         self._ready = False
 
     def wait_ready(self, timeout: float | None = None) -> str:
         """Block until the server answers /health (or raise); returns its API URL."""
-        import urllib.error
-        import urllib.request
-
-        timeout = timeout or float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 180)
-        deadline = time.monotonic() + timeout
-        while not self._ready:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the shared Prefect server exited (code {self.process.returncode})")
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=5):
-                    self._ready = True
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the shared Prefect server did not answer within {timeout:.0f} s") from None
-                time.sleep(0.2)
+        if not self._ready:
+            timeout = timeout or float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 180)
+            wait_until_healthy(self.process, self.api_url, timeout, "the shared Prefect server")
+            self._ready = True
         return self.api_url
 
     def stop(self) -> None:

@@ -215,7 +215,7 @@ def main() -> None:
         # Largest client first, as `federation.run_round` hands a phase's clients to the workers
         # (read from the file: the layouts' start-up below still loads the run's partition).
         sizes = [len(indices) for indices in load_partition(federation.RunPaths(run_dir).partition).clients]
-        clients = sorted(federation.select_step(config, 0), key=lambda client: (-sizes[client], client))
+        clients = federation.largest_first(federation.select_step(config, 0), sizes)
 
         started_layouts, startup = {}, {}
         try:

@@ -645,6 +645,12 @@ def balanced_groups(costs: Sequence[float], num_groups: int) -> list[list[int]]:
     return [group for group in groups if group]
 
 
+def largest_first(clients: Sequence[int], sizes: Sequence[int] | dict[int, int]) -> list[int]:
+    """`clients` by descending size (`sizes[client]`, e.g. its samples), ties by client id: the
+    order in which a round hands a phase's clients to the workers."""
+    return sorted(clients, key=lambda client: (-sizes[client], client))
+
+
 def with_retries(function: Callable[..., Any], args: tuple, retries: int) -> Any | StepFailure:
     """function(*args), run up to 1 + `retries` times; a :class:`StepFailure` if it still raises."""
     for attempt in range(retries + 1):
@@ -682,7 +688,7 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
 
     def train_phase(phase_index: int, starts: dict[int, str]) -> list[dict[str, Any]]:
         """Train `training` for one phase; clients whose task still fails after retries leave the round."""
-        order = sorted(training, key=lambda client: (-client_sizes[client], client))
+        order = largest_first(training, client_sizes)
         arguments = [(config, run_dir, round_index, client, phase_index, starts.get(client)) for client in order]
         costs = [float(client_sizes[client]) for client in order]
         results = executor.map("train_phase", train_phase_step, arguments, config.runner.retries, costs)

@@ -34,7 +34,7 @@ class TemporaryServer:
     """A Prefect server process on 127.0.0.1, stopped with `stop` (or when this process dies)."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.process = _launch(self.port)
 
     @property
@@ -43,23 +43,11 @@ class TemporaryServer:
 
     def wait_ready(self, timeout: float) -> None:
         """Block until the server answers its health check; a server that cannot start is an error."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = self.process.poll()
-            if status is not None:  # 3: another process took the free port between probe and bind
-                raise OrchestratorError(
-                    f"the temporary Prefect server on port {self.port} exited with status {status} while starting"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise OrchestratorError(f"the temporary Prefect server did not answer within {timeout:.0f} s "
-                                "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+        try:
+            wait_until_healthy(self.process, self.api_url, timeout, "the temporary Prefect server")
+        except OrchestratorError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -136,25 +124,52 @@ def startup_timeout() -> float:
     return float(get_current_settings().server.ephemeral.startup_timeout_seconds)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now."""
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
 
-def _launch(port: int) -> subprocess.Popen:
-    import prefect
-    from prefect.settings import get_current_settings
+def server_command(port: int) -> list[str]:
+    """The command of Prefect's `SubprocessASGIServer`: its server app under uvicorn on 127.0.0.1
+    (run it with `SERVER_ENVIRONMENT`)."""
+    import importlib.util
 
-    command = [
-        sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent),
+    site_packages = Path(importlib.util.find_spec("prefect").origin).parent.parent
+    return [
+        sys.executable, "-m", "uvicorn", "--app-dir", str(site_packages),
         "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
         "--log-level", "error", "--lifespan", "on",
     ]
+
+
+def wait_until_healthy(process: subprocess.Popen, api_url: str, timeout: float, name: str) -> None:
+    """Block until the server `process` answers `api_url`/health; `name` says which server in the
+    one-line error when it exits first or does not answer within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = process.poll()
+        if status is not None:  # 3: another process took the free port between probe and bind
+            raise OrchestratorError(f"{name} at {api_url} exited with status {status} while starting")
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.05)
+    raise OrchestratorError(f"{name} did not answer within {timeout:.0f} s "
+                            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+
+
+def _launch(port: int) -> subprocess.Popen:
+    from prefect.settings import get_current_settings
+
     environment = {
         **os.environ, **SERVER_ENVIRONMENT, **get_current_settings().to_environment_variables(exclude_unset=True),
     }
-    return subprocess.Popen(command, env=environment, preexec_fn=stop_with_parent)  # noqa: PLW1509 - before any thread
+    return subprocess.Popen(server_command(port), env=environment, preexec_fn=stop_with_parent)  # noqa: PLW1509 - before any thread
 
 
 def stop_with_parent() -> None:
