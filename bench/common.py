@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import functools
 import os
 import platform
 import statistics
@@ -270,7 +271,7 @@ class PrefectServer:
         environment.pop("PREFECT_API_DATABASE_CONNECTION_URL", None)
         self.process = subprocess.Popen(
             server_command(self.port), env=environment, cwd=self.home, stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=stop_with_parent,  # noqa: PLW1509 - run_all starts it before any thread
+            preexec_fn=functools.partial(stop_with_parent, os.getpid()),  # noqa: PLW1509 - run_all starts it before any thread
         )
         self._ready = False
 

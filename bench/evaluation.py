@@ -49,7 +49,7 @@ def main() -> None:
     parser = common.parser(__doc__)
     parser.add_argument("--samples", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=INFERENCE_BATCH_SIZE)
-    parser.add_argument("--before-batch-size", type=int, default=1024, help="the batch size before stop 9, timed beside")
+    parser.add_argument("--before-batch-size", type=int, default=1024, help="the batch size before commit 3fa08bb, timed beside")
     parser.add_argument("--threads", type=int, default=1)
     arguments = parser.parse_args()
     torch.set_num_threads(arguments.threads)

@@ -18,7 +18,7 @@ upload checkpoint), in a prepared run directory. Layouts:
 
 Each layout starts one 2-worker pool; "1 worker" is the same pool used one task at a time
 (dask: every task pinned to one worker), "2 workers" submits all M tasks at once, largest client
-first as the round does (since stop 10; before, in selection order). Start-up
+first as the round does (since commit cc40c33; before, in selection order). Start-up
 (pool start, imports, dataset and partition loading in every worker) is timed separately and
 excluded from throughput; 1w and 2w runs of every layout are interleaved. Throughput is the
 round's trained samples over its wall time. Target: speedup 2w/1w >= 1.85 (default runner).

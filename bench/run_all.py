@@ -12,7 +12,7 @@ failing script is reported and the others still run; the exit status is 1 if any
 Quick mode starts ONE temporary Prefect server for the whole suite (in the background, while the
 scripts without Prefect run) and gives it to overhead and startup ($FEDCME_BENCH_PREFECT_API_URL),
 instead of one temporary server per script; `--prefect-api-url URL` uses a running server instead
-(the smoke test passes its session's). Full mode: every measurement starts its own.
+(the smoke test passes the test suite's server). Full mode: every measurement starts its own.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ Every bad value is reported as one line naming the key and the reason (:class:`C
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -16,7 +17,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .models import MODEL_INPUT_SHAPES
+from .architectures import MODEL_INPUT_SHAPES
 
 
 class ConfigError(ValueError):
@@ -229,8 +230,8 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def _format_location(location: tuple) -> str:
     # Discriminated unions put the tag in the path: ("algorithm", "fedprox", "mu") -> algorithm.mu
     parts = [str(part) for part in location]
-    if len(parts) >= 2 and parts[0] == "algorithm" and parts[1] in ALGORITHM_NAMES:
-        parts = [parts[0], *parts[2:]]
+    parts = [part for index, part in enumerate(parts)
+             if not (index > 0 and parts[index - 1] == "algorithm" and part in ALGORITHM_NAMES)]
     return ".".join(parts)
 
 
@@ -242,12 +243,16 @@ def format_validation_error(error: ValidationError, source: str) -> str:
         location = _format_location(detail["loc"])
         if detail["type"] == "extra_forbidden":
             message = "unknown key"
+        elif detail["type"] == "missing":
+            message = "missing"
         elif detail["type"] == "union_tag_invalid":
             message = f"unknown algorithm {detail['input'].get('name')!r}; choose one of {', '.join(ALGORITHM_NAMES)}"
-            location = "algorithm.name"
+            location = f"{location}.name"
         elif detail["type"] == "union_tag_not_found":
-            location, message = "algorithm.name", "missing; choose one of " + ", ".join(ALGORITHM_NAMES)
-        if location and not message.startswith(location):
+            location, message = f"{location}.name", "missing; choose one of " + ", ".join(ALGORITHM_NAMES)
+        if location and re.match(r"[A-Za-z_][\w.]*: ", message):  # a section's validator names its own key
+            message = f"{location}.{message}"
+        elif location and not message.startswith(location):
             message = f"{location}: {message}"
         messages.append(message)
     return f"{source}: " + "; ".join(messages)
@@ -284,14 +289,20 @@ def load_config(
     """Load and validate a config file; `overrides` are dotted keys ({"training.lr": 0.1}).
 
     With `section`, the config is that top-level key of the file; a file with a top-level
-    `base` mapping (params.yaml, which also holds the DVC grid) is read from it by default.
+    `base` mapping (params.yaml, which also holds the DVC grid) is validated whole
+    (:mod:`fedcme_core.params`) and read from `base` by default.
     """
+    from .params import is_params_file, params_from_dict
+
     values = read_yaml(path)
     if values is None:
         values = {}
     source = str(path)
-    if section is None and isinstance(values, Mapping) and isinstance(values.get("base"), Mapping):
-        section = "base"
+    if is_params_file(values):
+        # A params file (params.yaml, configs/params-*.yaml) is validated whole: a typo in its grid
+        # is an error here, before anything trains or writes.
+        params_from_dict(values, source=source)
+        section = section or "base"
     if section is not None:
         if not isinstance(values, Mapping) or not isinstance(values.get(section), Mapping):
             raise ConfigError(f"{path}: {section}: missing, or not a mapping of config keys")

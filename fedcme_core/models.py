@@ -20,15 +20,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-MODEL_NAMES = ("fmnist_cnn", "cifar_cnn")
+from .architectures import MODEL_INPUT_SHAPES, MODEL_NAMES  # noqa: F401 - the names models are built by
+
 CLASSIFIER_PREFIX = "classifier."
 DeviceSetting = Literal["auto", "cpu", "cuda"]
-
-# Input shape each architecture is built for: (channels, height, width).
-MODEL_INPUT_SHAPES: dict[str, tuple[int, int, int]] = {
-    "fmnist_cnn": (1, 28, 28),
-    "cifar_cnn": (3, 32, 32),
-}
 
 
 class SplitModel(nn.Module):

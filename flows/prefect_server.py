@@ -12,6 +12,7 @@ With an API URL configured (environment, profile or prefect.toml) it does nothin
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import subprocess
@@ -36,6 +37,7 @@ class TemporaryServer:
     def __init__(self) -> None:
         self.port = free_port()
         self.process = _launch(self.port)
+        self.ready = False
 
     @property
     def api_url(self) -> str:
@@ -48,15 +50,23 @@ class TemporaryServer:
         except OrchestratorError:
             self.stop()
             raise
+        self.ready = True
 
     def stop(self) -> None:
-        if self.process.poll() is None:
+        """SIGTERM and 5 s for a server that answered (it finishes its writes); SIGKILL at once for
+        one still starting, which holds no record of ours and would finish its whole start-up
+        before it handled the SIGTERM (about 10 s here)."""
+        if self.process.poll() is not None:
+            return
+        if self.ready:
             self.process.terminate()
             try:
                 self.process.wait(timeout=5)
+                return
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                pass
+        self.process.kill()
+        self.process.wait()
 
 
 @contextlib.contextmanager
@@ -79,10 +89,16 @@ def temporary_prefect_server() -> Iterator[TemporaryServer | None]:
     _running.append(server)
     try:
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-            yield server
+            try:
+                yield server
+            finally:
+                # Drained while the settings still point at this server: a worker that flushed
+                # after them would find no API URL and start Prefect's own temporary server, one
+                # without a death signal. Before the server answered, nothing was sent to it.
+                if server.ready:
+                    drain_prefect_workers()
     finally:
         _running.remove(server)
-        drain_prefect_workers()
         server.stop()
         if previous_url is None:
             os.environ.pop("PREFECT_API_URL", None)
@@ -169,15 +185,25 @@ def _launch(port: int) -> subprocess.Popen:
     environment = {
         **os.environ, **SERVER_ENVIRONMENT, **get_current_settings().to_environment_variables(exclude_unset=True),
     }
-    return subprocess.Popen(server_command(port), env=environment, preexec_fn=stop_with_parent)  # noqa: PLW1509 - before any thread
+    return subprocess.Popen(  # noqa: PLW1509 - launched from the main thread, see stop_with_parent
+        server_command(port), env=environment, preexec_fn=functools.partial(stop_with_parent, os.getpid())
+    )
 
 
-def stop_with_parent() -> None:
-    """In the server's process (Linux): SIGTERM when the command that started it dies."""
+def stop_with_parent(parent: int) -> None:
+    """In the server's process, before exec (Linux): SIGKILL when the command that started it dies.
+
+    SIGKILL, not SIGTERM: uvicorn handles a SIGTERM only after the app's start-up (seconds), and
+    an orphan has no one to finish its writes for. The signal follows the launching *thread*, so
+    the server is launched from the main thread, which lives as long as the command. A parent
+    that died between fork and prctl is caught by the getppid check.
+    """
     try:
         import ctypes
         import signal
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() != parent:
+        os._exit(1)

@@ -5,9 +5,10 @@
     python -m flows.stages train     --method fedcme-mu001 --dataset fmnist --alpha 0.1 \\
                                      --clients 50 --per-round 20 --seed 0
 
-Every stage reads ``params.yaml``: ``base`` is the experiment config every run starts from,
-``methods.<name>`` an algorithm section (plus an optional display ``label`` and ``group``),
-``datasets.<name>`` the model of each dataset, ``report.target_accuracy``. The report stage
+Every stage reads ``params.yaml`` and validates all of it first (:mod:`fedcme_core.params`):
+``base`` is the experiment config every run starts from, ``methods.<name>`` an algorithm section
+(plus an optional display ``label`` and ``group``), ``datasets.<name>`` the model of each
+dataset, ``report.target_accuracy``. The report stage
 is ``python -m flows.report``. Outputs are written atomically; a train stage whose run
 directory holds another config starts that run over, one that holds the same config resumes it.
 """
@@ -24,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from fedcme_core.checkpoints import atomic_write_bytes, save_checkpoint
-from fedcme_core.config import ConfigError, load_config, read_yaml
 from fedcme_core.data import load_prepared, load_raw, resolve_mirror, save_prepared, subset
 from fedcme_core.federation import completed_rounds, load_server_state, run_directory_matches
 from fedcme_core.metrics import history_csv, summarize, with_content_hash
+from fedcme_core.params import ParamsFile, load_params
 from fedcme_core.partition import Partition, class_counts, save_partition
 from fedcme_core.seeding import derive_seed
 
@@ -56,9 +57,9 @@ def write_json(path: Path, value: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- prepare
-def prepare(arguments: argparse.Namespace) -> None:
+def prepare(arguments: argparse.Namespace, params: ParamsFile) -> None:
     """dataset -> verified uint8 arrays under data/prepared/<dataset> (from the mirror or a download)."""
-    base = load_config(arguments.params, section="base")
+    base = params.base
     arrays = load_raw(arguments.dataset, data_dir=Path(base.data.data_dir), mirror=resolve_mirror(base.data.mirror))
     meta = save_prepared(arguments.dataset, arrays, prepared_dir(arguments.dataset))
     shapes = {key: record["shape"] for key, record in meta["arrays"].items()}
@@ -86,12 +87,12 @@ def heatmap(counts: np.ndarray, path: Path, title: str) -> None:
     temporary.replace(path)
 
 
-def partition(arguments: argparse.Namespace) -> None:
+def partition(arguments: argparse.Namespace, params: ParamsFile) -> None:
     """(dataset, alpha, K, seed) -> partition.npz, class_counts.json, heatmap.png.
 
     With `data.train_subset`, the clients share the same seeded subset the training run loads.
     """
-    base = load_config(arguments.params, section="base")
+    base = params.base
     dataset = load_prepared(prepared_dir(arguments.dataset), expected_name=arguments.dataset)
     if base.data.train_subset is not None:
         dataset = subset(dataset, train=base.data.train_subset, test=None, seed=derive_seed(arguments.seed, "subset"))
@@ -120,36 +121,26 @@ def partition(arguments: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------- train
-def method_entry(params: dict, method: str) -> tuple[dict, str, str]:
-    """(algorithm section, display label, group) of `methods.<method>` in params.yaml."""
-    methods = params.get("methods") or {}
-    if method not in methods:
-        raise ConfigError(f"{PARAMS}: methods.{method}: not defined (known: {', '.join(sorted(methods))})")
-    entry = dict(methods[method])
-    return entry, str(entry.pop("label", method)), str(entry.pop("group", "main"))
+def train(arguments: argparse.Namespace, params: ParamsFile) -> None:
+    """Run the Prefect training flow for one grid cell; write metrics/<exp>.json|.csv and models/<exp>.pt.
+
+    With no Prefect API configured, the stage starts its temporary Prefect server first (as
+    `fedcme train` does), and that server dies with the stage."""
+    from .prefect_server import startup_timeout, temporary_prefect_server
+
+    with temporary_prefect_server() as server:
+        from .train import run_training
+
+        if server is not None:
+            server.wait_ready(startup_timeout())
+        train_cell(arguments, params, run_training)
 
 
-def train(arguments: argparse.Namespace) -> None:
-    """Run the Prefect training flow for one grid cell; write metrics/<exp>.json|.csv and models/<exp>.pt."""
-    from .train import run_training
-
-    params = read_yaml(arguments.params)
-    algorithm, label, group = method_entry(params, arguments.method)
-    dataset_options = (params.get("datasets") or {}).get(arguments.dataset, {})
-    experiment = experiment_name(
-        arguments.method, arguments.dataset, arguments.alpha, arguments.clients, arguments.per_round, arguments.seed
-    )
-    overrides: dict[str, Any] = {
-        "seed": arguments.seed,
-        "data.dataset": arguments.dataset,
-        "data.prepared_dir": str(prepared_dir(arguments.dataset)),
-        "partition.alpha": arguments.alpha,
-        "federation.num_clients": arguments.clients,
-        "federation.clients_per_round": arguments.per_round,
-        "algorithm": algorithm,
-        **{f"model.{key}": value for key, value in dataset_options.items()},
-    }
-    config = load_config(arguments.params, overrides=overrides, section="base")
+def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) -> None:
+    cell = (arguments.method, arguments.dataset, arguments.alpha, arguments.clients, arguments.per_round, arguments.seed)
+    experiment = experiment_name(*cell)
+    overrides = params.cell_overrides(*cell, prepared_dir=str(prepared_dir(arguments.dataset)))
+    config = params.cell_config(*cell, prepared_dir=str(prepared_dir(arguments.dataset)), source=arguments.params)
     run_dir = Path(arguments.runs_dir) / experiment
     if not run_directory_matches(config, run_dir):
         print(f"{experiment}: the config changed; starting this run over")
@@ -167,13 +158,12 @@ def train(arguments: argparse.Namespace) -> None:
     )
     final_state = load_server_state(run_dir, completed_rounds(run_dir))
     history = final_state["history"][: config.federation.rounds]
-    target = (params.get("report") or {}).get("target_accuracy")
     summary = {
-        **summarize(history, target_accuracy=target),
+        **summarize(history, target_accuracy=params.report.target_accuracy),
         "experiment": experiment,
-        "method": label,
+        "method": params.label(arguments.method),
         "setting": setting_label(arguments.dataset, arguments.alpha, arguments.clients, arguments.per_round),
-        "group": group,
+        "group": params.group(arguments.method),
     }
     Path("metrics").mkdir(exist_ok=True)
     write_json(Path("metrics") / f"{experiment}.json", with_content_hash(summary))
@@ -208,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
 
     arguments = build_parser().parse_args(argv)
     quiet_environment()
-    return report_errors(lambda: arguments.handler(arguments) or 0)
+    # The whole params file is validated before any stage reads or writes anything.
+    return report_errors(lambda: arguments.handler(arguments, load_params(arguments.params)) or 0)
 
 
 if __name__ == "__main__":

@@ -19,34 +19,13 @@ import yaml
 from flows.errors import OrchestratorError
 from flows.prefect_server import TemporaryServer, temporary_prefect_server
 from .conftest import REPO_ROOT, SYNTHETIC
+from .processes import is_gone, processes_with_environment
 
 
 def environment_without_api(prefect_home: Path) -> dict[str, str]:
     environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
     environment.update(PREFECT_HOME=str(prefect_home), PYTHONPATH=str(REPO_ROOT))
     return environment
-
-
-def processes_with_environment(entry: str) -> list[int]:
-    """Pids of the processes whose environment holds `entry` (e.g. PREFECT_HOME=...)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
-
-
-def is_gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
 
 
 def test_train_without_an_api_url_runs_on_its_own_server_and_stops_it(tmp_path):
@@ -73,7 +52,7 @@ def test_train_without_an_api_url_runs_on_its_own_server_and_stops_it(tmp_path):
     deadline = time.monotonic() + 10
     while processes_with_environment(f"PREFECT_HOME={home}") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert [pid for pid in processes_with_environment(f"PREFECT_HOME={home}") if not is_gone(pid)] == []
+    assert processes_with_environment(f"PREFECT_HOME={home}") == []
 
 
 def test_the_server_stops_when_the_command_is_killed(tmp_path):

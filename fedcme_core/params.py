@@ -1,0 +1,191 @@
+"""The schema of a whole params file (``params.yaml``, ``configs/params-*.yaml``).
+
+A params file holds ``base`` (the experiment config every run starts from, see
+:mod:`fedcme_core.config`), ``methods`` (named algorithm sections with a display label and a
+group), ``datasets`` (the model of each dataset), ``grid`` and ``ablation`` (the experiments
+``dvc repro`` trains) and ``report``. Every section forbids unknown keys, and every grid cell's
+composed experiment config is validated too, so that a typo anywhere (``gird:`` for ``grid:``,
+``methods.fedprox.mu`` as ``mu_``) is one line naming the file and the key, before anything
+trains or writes. :func:`load_params` reads and validates a file; :meth:`ParamsFile.cell_config`
+is the experiment config of one grid cell, the one the DVC train stage runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .config import (
+    AlgorithmConfig,
+    ConfigError,
+    ExperimentConfig,
+    ModelConfig,
+    apply_overrides,
+    config_from_dict,
+    format_validation_error,
+    read_yaml,
+)
+
+GRID_DATASETS = ("fmnist", "cifar10")
+Dataset = Literal["fmnist", "cifar10"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class MethodEntry(_Section):
+    """`methods.<name>`: an algorithm section plus its display label and report group."""
+
+    label: str | None = None
+    group: Literal["main", "ablation"] = "main"
+    algorithm: AlgorithmConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split(cls, values: Any) -> Any:
+        # The file writes {name: fedprox, mu: 0.01, label: ...}: label and group are ours, the rest the algorithm's.
+        if not isinstance(values, Mapping):
+            return values
+        rest = dict(values)
+        entry = {key: rest.pop(key) for key in ("label", "group") if key in rest}
+        return {**entry, "algorithm": rest}
+
+
+class GridSection(_Section):
+    """The settings of a grid: datasets x alphas x (K, M) pairs x seeds, for each method."""
+
+    datasets: list[Dataset] = Field(min_length=1)
+    alphas: list[float] = Field(min_length=1)
+    clients: list[tuple[int, int]] = Field(min_length=1, description="(K, M) pairs")
+    seeds: list[int] = Field(min_length=1)
+    methods: list[str] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct_client_counts(self) -> GridSection:
+        # Partitions are named by K, so two pairs with the same K would share (and fight over) one.
+        counts = [clients for clients, _ in self.clients]
+        if len(set(counts)) != len(counts):
+            raise ValueError(f"clients: K must differ between (K, M) pairs, got {[list(pair) for pair in self.clients]}")
+        return self
+
+    def cells(self) -> Iterator[tuple[str, str, float, int, int, int]]:
+        """(method, dataset, alpha, K, M, seed) of every experiment, in dvc.yaml's matrix order."""
+        for method, dataset, alpha, (clients, per_round), seed in itertools.product(
+            self.methods, self.datasets, self.alphas, self.clients, self.seeds
+        ):
+            yield method, dataset, alpha, clients, per_round, seed
+
+    def settings(self) -> set[tuple[str, float, int, int, int]]:
+        return {cell[1:] for cell in self.cells()}
+
+
+class ReportSection(_Section):
+    target_accuracy: float | None = Field(None, gt=0, le=1)
+
+
+class ParamsFile(_Section):
+    """A whole params file: what `dvc repro` and `fedcme train --config` read."""
+
+    base: ExperimentConfig
+    methods: dict[str, MethodEntry] = Field(min_length=1)
+    datasets: dict[Dataset, ModelConfig] = {}
+    grid: GridSection
+    ablation: GridSection | None = None
+    report: ReportSection = ReportSection()
+
+    @model_validator(mode="after")
+    def _grid_names_defined(self) -> ParamsFile:
+        for section, grid in (("grid", self.grid), ("ablation", self.ablation)):
+            if grid is None:
+                continue
+            unknown = [method for method in grid.methods if method not in self.methods]
+            if unknown:
+                raise ValueError(f"{section}.methods: {', '.join(unknown)} not defined in methods "
+                                 f"(known: {', '.join(self.methods)})")
+        if self.ablation is not None:
+            outside = sorted(self.ablation.settings() - self.grid.settings())
+            if outside:
+                raise ValueError(f"ablation: settings {outside} are not in grid (their partitions come from grid)")
+        dotted = [name for name in self.methods if "." in name]
+        if dotted:
+            raise ValueError(f"methods: names must not contain dots (DVC params paths), got {', '.join(dotted)}")
+        return self
+
+    @property
+    def raw_base(self) -> dict[str, Any]:
+        return self.base.model_dump(mode="json")
+
+    def cell_overrides(self, method: str, dataset: str, alpha: float, clients: int, per_round: int, seed: int,
+                       prepared_dir: str | None = None) -> dict[str, Any]:
+        """The dotted overrides that turn `base` into the config of one grid cell."""
+        if method not in self.methods:
+            raise ConfigError(f"methods.{method}: not defined (known: {', '.join(sorted(self.methods))})")
+        model = self.datasets.get(dataset)
+        overrides: dict[str, Any] = {
+            "seed": seed,
+            "data.dataset": dataset,
+            "partition.alpha": alpha,
+            "federation.num_clients": clients,
+            "federation.clients_per_round": per_round,
+            "algorithm": self.methods[method].algorithm.model_dump(mode="json"),
+            **({f"model.{key}": value for key, value in model.model_dump(mode="json", exclude_unset=True).items()}
+               if model is not None else {}),
+        }
+        if prepared_dir is not None:
+            overrides["data.prepared_dir"] = prepared_dir
+        return overrides
+
+    def cell_config(self, *cell: Any, prepared_dir: str | None = None, source: str = "params") -> ExperimentConfig:
+        values = apply_overrides(self.raw_base, self.cell_overrides(*cell, prepared_dir=prepared_dir))
+        return config_from_dict(values, source=source)
+
+    def all_cells(self) -> Iterator[tuple[str, str, float, int, int, int]]:
+        yield from self.grid.cells()
+        if self.ablation is not None:
+            yield from self.ablation.cells()
+
+    def label(self, method: str) -> str:
+        return self.methods[method].label or method
+
+    def group(self, method: str) -> str:
+        return self.methods[method].group
+
+
+def is_params_file(values: Any) -> bool:
+    """A params file has a top-level `base` mapping (a plain experiment config does not)."""
+    return isinstance(values, Mapping) and isinstance(values.get("base"), Mapping)
+
+
+def _format_params_location(error: ValidationError, source: str) -> str:
+    # methods.<name>.algorithm.mu -> methods.<name>.mu: the file has no `algorithm` level there.
+    return re.sub(r"(methods\.[^.:;\s]+)\.algorithm\b", r"\1", format_validation_error(error, source))
+
+
+def params_from_dict(values: Any, source: str = "params") -> ParamsFile:
+    """Validate a whole params file's contents, and every grid cell's composed config."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys, got {type(values).__name__}")
+    try:
+        params = ParamsFile.model_validate(dict(values))
+    except ValidationError as error:
+        raise ConfigError(_format_params_location(error, source)) from None
+    for cell in params.all_cells():
+        method, dataset, alpha, clients, per_round, seed = cell
+        params.cell_config(*cell, source=f"{source} [grid cell {method} {dataset} alpha={alpha} "
+                                         f"K={clients} M={per_round} seed={seed}]")
+    return params
+
+
+def load_params(path: str | Path) -> ParamsFile:
+    """Read and validate a whole params file; a problem is one ConfigError line naming file and key."""
+    values = read_yaml(path)
+    if not is_params_file(values):
+        raise ConfigError(f"{path}: base: missing, or not a mapping of config keys (a params file needs "
+                          "base, methods, grid)")
+    return params_from_dict(values, source=str(path))

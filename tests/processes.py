@@ -1,0 +1,55 @@
+"""The process table, read from /proc: which processes a command started, found by an
+environment entry every child inherits (PREFECT_HOME=..., or a token of the test's own)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def processes_with_environment(entry: str) -> list[int]:
+    """Pids of the live (not zombie) processes whose environment holds `entry`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if entry.encode() in (proc / "environ").read_bytes().split(b"\0") and not is_gone(int(proc.name)):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def wait_until_none_left(entry: str, timeout: float) -> list[str]:
+    """Wait (bounded) for every process holding `entry` to end; the command lines of those left."""
+    deadline = time.monotonic() + timeout
+    while processes_with_environment(entry) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [f"{pid}: {command_line(pid)}" for pid in processes_with_environment(entry)]
+
+
+def kill_all(entry: str) -> None:
+    """SIGKILL whatever a test's command left behind, so a failing test leaves nothing either."""
+    for pid in processes_with_environment(entry):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass

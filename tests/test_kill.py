@@ -1,0 +1,127 @@
+"""No process outlives `fedcme train`: SIGKILLed at any moment, it leaves no Prefect server or
+Dask worker behind.
+
+Each command runs with a token in its environment, which every process it starts inherits; after
+the kill the process table (/proc) must hold no process with that token. The moments are found
+on the command's own output and process tree: while it imports, while its temporary Prefect
+server starts, mid-round, while the final model is logged, during shutdown, and mid-round on a
+Dask LocalCluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import REPO_ROOT, SYNTHETIC
+from .processes import kill_all, processes_with_environment, wait_until_none_left
+
+ROUNDS = 3
+TOKEN_KEY = "FEDCME_KILL_TEST_TOKEN"
+
+
+class Command:
+    """`fedcme train` of a small synthetic FedCME run, its output lines read with their times."""
+
+    def __init__(self, tmp_path: Path, runner: str = "threads") -> None:
+        config = tmp_path / "config.yaml"
+        values = {**SYNTHETIC, "federation": {"num_clients": 6, "clients_per_round": 4, "rounds": ROUNDS},
+                  "runner": {"kind": runner, "workers": 2, "threads_per_worker": 1}}
+        config.write_text(yaml.safe_dump(values))
+        self.token = f"{TOKEN_KEY}={uuid.uuid4().hex}"
+        environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+        environment.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONPATH=str(REPO_ROOT),
+                           **dict([self.token.split("=", 1)]))
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--experiment", "killed",
+             "--runs-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+            cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic() - self.started, line.rstrip()))
+
+    def children(self) -> list[int]:
+        return [pid for pid in processes_with_environment(self.token) if pid != self.process.pid]
+
+    def wait_for(self, condition, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert self.process.poll() is None, f"the command ended before the moment: {self.output()}"
+            assert time.monotonic() < deadline, f"the moment never came: {self.output()}"
+            time.sleep(0.01)
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for _, line in self.lines)
+
+    def line_time(self, text: str) -> float:
+        return next(at for at, line in self.lines if text in line)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def output(self) -> str:
+        return "\n".join(line for _, line in self.lines[-30:])
+
+
+LAST_ROUND = f"round {ROUNDS:>4}/{ROUNDS}"
+
+
+@pytest.fixture(scope="module")
+def timeline(tmp_path_factory) -> dict[str, float]:
+    """An uninterrupted run's times (seconds from start): its last round line and its exit.
+    It leaves no process either."""
+    command = Command(tmp_path_factory.mktemp("uninterrupted"))
+    try:
+        assert command.process.wait(timeout=600) == 0, command.output()
+        command._reader.join(timeout=10)
+        exited = time.monotonic() - command.started
+        assert wait_until_none_left(command.token, timeout=10) == []
+        return {"last_round": command.line_time(LAST_ROUND), "exit": exited}
+    finally:
+        kill_all(command.token)
+
+
+def kill_when(command: Command, moment: str, timeline: dict[str, float]) -> None:
+    if moment == "importing":
+        time.sleep(0.3)
+    elif moment == "server starting":
+        command.wait_for(lambda: command.children(), timeout=60)
+    elif moment in ("mid-round", "dask mid-round"):
+        command.wait_for(lambda: command.saw("round    1/"))
+    elif moment == "model logging":
+        command.wait_for(lambda: command.saw(LAST_ROUND))
+    elif moment == "shutdown":
+        # Past the model logging, most of the way from the last round line to the exit.
+        command.wait_for(lambda: command.saw(LAST_ROUND))
+        delay = 0.8 * (timeline["exit"] - timeline["last_round"])
+        time.sleep(max(0.0, delay - (time.monotonic() - command.started - command.line_time(LAST_ROUND))))
+        assert command.process.poll() is None, "the command exited before its shutdown moment"
+    command.kill()
+
+
+@pytest.mark.parametrize("moment", ["importing", "server starting", "mid-round", "model logging", "shutdown",
+                                    "dask mid-round"])
+def test_no_process_outlives_a_killed_train(tmp_path, timeline, moment):
+    command = Command(tmp_path, runner="dask" if moment.startswith("dask") else "threads")
+    try:
+        kill_when(command, moment, timeline)
+        left = wait_until_none_left(command.token, timeout=10)
+        assert left == [], f"killed while {moment}, these processes outlived it:\n" + "\n".join(left)
+    finally:
+        kill_all(command.token)

@@ -1,0 +1,165 @@
+"""Every shipped grid file (params.yaml, configs/params-*.yaml) works, and a bad one stops early.
+
+A shipped grid file validates against the whole-file schema, holds every params path dvc.yaml
+reads, and its first partition stage (with its prepare) reproduces for real in a fresh copy of
+the repository. A new grid file under configs/ is covered without editing this test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedcme_core.config import ConfigError
+from fedcme_core.params import load_params
+from flows.dvc_params import check_dvc_params, needed_params
+
+from .conftest import REPO_ROOT
+
+GRID_FILES = [REPO_ROOT / "params.yaml", *sorted((REPO_ROOT / "configs").glob("params-*.yaml"))]
+GRID_IDS = [str(path.relative_to(REPO_ROOT)) for path in GRID_FILES]
+
+
+def test_every_grid_file_is_found():
+    assert {"params.yaml", "configs/params-smoke.yaml", "configs/params-paper.yaml"} <= set(GRID_IDS)
+
+
+@pytest.mark.parametrize("path", GRID_FILES, ids=GRID_IDS)
+def test_shipped_grid_file_validates(path):
+    params = load_params(path)
+
+    assert list(params.grid.cells()), "a grid with no experiment"
+    for method in params.grid.methods:
+        assert method in params.methods
+
+
+@pytest.mark.parametrize("path", GRID_FILES, ids=GRID_IDS)
+def test_shipped_grid_file_has_every_param_dvc_yaml_reads(path):
+    count = check_dvc_params(REPO_ROOT / "dvc.yaml", path)
+
+    assert count > 0
+
+
+def copy_repository(destination: Path, params_file: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in files:
+        if (REPO_ROOT / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, destination / name)
+    shutil.copy2(params_file, destination / "params.yaml")
+
+
+def run(command: list[str], cwd: Path, environment: dict) -> str:
+    result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", GRID_FILES, ids=GRID_IDS)
+def test_first_partition_stage_of_grid_file_reproduces(tmp_path, mirror, path):
+    copy_repository(tmp_path, path)
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                   "FEDCME_DATA_MIRROR": str(mirror), "DVC_NO_ANALYTICS": "1"}
+    run(["git", "init", "-q"], tmp_path, environment)
+    run(["dvc", "init", "-q", "-f"], tmp_path, environment)
+    stages = run(["dvc", "stage", "list", "--name-only"], tmp_path, environment).split()
+    first = next(stage for stage in stages if stage.startswith("partition@"))
+
+    output = run(["dvc", "repro", first], tmp_path, environment)
+
+    params = yaml.safe_load(path.read_text())
+    dataset, seed = params["grid"]["datasets"][0], params["grid"]["seeds"][0]
+    alpha, clients = params["grid"]["alphas"][0], params["grid"]["clients"][0][0]
+    partition = tmp_path / "data" / "partitions" / f"{dataset}-a{alpha}-k{clients}-s{seed}"
+    assert f"Running stage 'prepare@{dataset}'" in output and f"Running stage '{first}'" in output
+    assert (partition / "partition.npz").is_file() and (partition / "class_counts.json").is_file()
+
+
+# ----------------------------------------------------------------------------- bad input
+def write_variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = (REPO_ROOT / "params.yaml").read_text()
+    assert old in text
+    path = tmp_path / "params.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("\ngrid:", "\ngird:", "grid: missing; gird: unknown key"),
+    ("  seeds: [0]\n  methods: [fedavg,", "  seed: [0]\n  methods: [fedavg,", "grid.seeds: missing; grid.seed: unknown key"),
+    ("{name: fedprox, mu: 0.01,", "{name: fedprox, mu_: 0.01,", "methods.fedprox-mu001.mu_: unknown key"),
+    ("{name: fedprox, mu: 0.01,", "{name: fedprx, mu: 0.01,", "methods.fedprox-mu001.name: unknown algorithm 'fedprx'"),
+    ("fedrs-a05, fedcme-mu001]", "fedrs-a05, fedcme-mu0001]", "grid.methods: fedcme-mu0001 not defined in methods"),
+    ("  target_accuracy: 0.45", "  target_acuracy: 0.45", "report.target_acuracy: unknown key"),
+    ("    lr: 0.01\n", "    lr: -1\n", "base.training.lr: Input should be greater than 0"),
+    ("  clients:                # (K, M) pairs; K must differ between pairs\n    - [50, 10]",
+     "  clients:\n    - [50, 10]\n    - [50, 5]", "grid.clients: K must differ between (K, M) pairs"),
+    ("ablation:\n  datasets: [fmnist]\n  alphas: [0.1]", "ablation:\n  datasets: [fmnist]\n  alphas: [0.5]",
+     "ablation: settings [('fmnist', 0.5, 50, 10, 0)] are not in grid"),
+    ("    local_epochs: 2 ", "    local_epochs: 1 ", "base.training.local_epochs: FedCME with exchange 'classifier' needs at least 2 local epochs"),
+])
+def test_a_bad_params_file_is_one_line_naming_file_and_key(tmp_path, old, new, message):
+    path = write_variant(tmp_path, old, new)
+
+    with pytest.raises(ConfigError) as error:
+        load_params(path)
+
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_missing_dvc_param_is_named(tmp_path):
+    path = write_variant(tmp_path, "    train_subset: null", "    test_subset: null")
+
+    with pytest.raises(ConfigError, match=r"params.yaml: base.data.train_subset: missing \(read by .*dvc.yaml"):
+        check_dvc_params(REPO_ROOT / "dvc.yaml", path)
+
+
+def test_needed_params_expand_the_matrix_as_dvc_does():
+    params = {"grid": {"methods": ["a", "b"], "datasets": ["fmnist"], "alphas": [0.1], "clients": [[5, 2]], "seeds": [0]},
+              "ablation": {"methods": ["c"], "datasets": ["fmnist"], "alphas": [0.1], "clients": [[5, 2]], "seeds": [0]}}
+    dvc_yaml = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
+
+    needed = needed_params(dvc_yaml, params)
+
+    assert {"methods.a", "methods.b", "methods.c", "datasets.fmnist", "base.data.train_subset", "grid.seeds",
+            "ablation.methods", "report.target_accuracy"} <= set(needed)
+    assert not any("${" in path for path in needed)
+
+
+def cli(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-m", "flows.cli", *arguments], cwd=cwd, env=environment,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_check_command_passes_the_shipped_files_and_names_a_typo(tmp_path):
+    shipped = cli(["check", *map(str, GRID_FILES), "--dvc-yaml", str(REPO_ROOT / "dvc.yaml")], tmp_path)
+    typo = cli(["check", str(write_variant(tmp_path, "\ngrid:", "\ngird:"))], tmp_path)
+
+    assert shipped.returncode == 0, shipped.stderr
+    assert shipped.stdout.count(": ok, ") == len(GRID_FILES)
+    assert typo.returncode == 2
+    assert typo.stderr.strip().splitlines() == [f"fedcme: error: {tmp_path / 'params.yaml'}: grid: missing; gird: unknown key"]
+
+
+def test_train_and_stages_refuse_a_typo_before_writing_anything(tmp_path):
+    path = write_variant(tmp_path, "\ngrid:", "\ngird:")
+    before = set(tmp_path.iterdir())
+
+    train = cli(["train", "--config", str(path), "--experiment", "typo"], tmp_path)
+    stage = subprocess.run([sys.executable, "-m", "flows.stages", "--params", str(path), "partition", "--dataset", "fmnist",
+                            "--alpha", "0.1", "--clients", "50", "--seed", "0"], cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=300)
+
+    for result in (train, stage):
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines() == [f"fedcme: error: {path}: grid: missing; gird: unknown key"]
+    assert set(tmp_path.iterdir()) == before  # no runs/, mlflow.db, data/ or partition

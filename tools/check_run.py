@@ -1,0 +1,75 @@
+"""Check what `make run` must leave: every experiment of the grid trained, and the report.
+
+    python tools/check_run.py [--params params.yaml]
+
+Reads the grid of the params file, then `dvc metrics show --json`: every experiment of the grid
+and of the ablation must be listed with a numeric final accuracy, and `reports/results.md`
+(naming every method) and the report PNGs must exist. One line per problem on stderr and exit
+status 1; a one-line summary and 0 when all is there. `.ci/run` runs it after `make run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fedcme_core.params import load_params  # noqa: E402
+from flows.stages import experiment_name  # noqa: E402
+
+REPORT = Path("reports/results.md")
+FIGURES = (Path("reports/accuracy.png"),)
+
+
+def dvc_metrics() -> dict[str, dict]:
+    """{metrics file: its values} as `dvc metrics show --json` lists them for the workspace."""
+    shown = subprocess.run(["dvc", "metrics", "show", "--json"], capture_output=True, text=True, check=True).stdout
+    files: dict[str, dict] = {}
+    for revision in json.loads(shown).values():
+        for name, entry in (revision.get("data") or {}).items():
+            files[name] = entry.get("data") or {}
+    return files
+
+
+def problems(params_path: str) -> tuple[list[str], int]:
+    params = load_params(params_path)
+    metrics = dvc_metrics()
+    found: list[str] = []
+    cells = list(params.all_cells())
+    for cell in cells:
+        name = f"metrics/{experiment_name(*cell)}.json"
+        accuracy = metrics.get(name, {}).get("final_accuracy")
+        if name not in metrics:
+            found.append(f"{name}: not listed by `dvc metrics show` (the experiment did not finish)")
+        elif not isinstance(accuracy, (int, float)):
+            found.append(f"{name}: final_accuracy is {accuracy!r}, not a number")
+    if not REPORT.is_file():
+        found.append(f"{REPORT}: missing")
+    else:
+        report = REPORT.read_text(encoding="utf-8")
+        found += [f"{REPORT}: no row for {params.label(method)}" for method in params.grid.methods
+                  if f"| {params.label(method)} |" not in report]
+    found += [f"{figure}: missing or empty" for figure in FIGURES if not figure.is_file() or figure.stat().st_size == 0]
+    return found, len(cells)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tools/check_run.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    arguments = parser.parse_args(argv)
+    found, experiments = problems(arguments.params)
+    for problem in found:
+        print(f"check_run: {problem}", file=sys.stderr)
+    if found:
+        return 1
+    print(f"check_run: {arguments.params}: all {experiments} experiments listed by `dvc metrics show`, "
+          f"{REPORT} and {', '.join(map(str, FIGURES))} written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
