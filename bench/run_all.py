@@ -31,10 +31,10 @@ sys.path.insert(0, str(BENCH_DIR))
 import common
 
 # Cheap, CPU-only measurements first; the ones that start worker processes and Prefect last.
-SCRIPTS = ("local_training", "evaluation", "per_sample", "parallel", "memory", "overhead", "startup")
+SCRIPTS = ("local_training", "evaluation", "per_sample", "parallel", "memory", "overhead", "startup", "round", "augment")
 # With --jobs > 1 (quick): the longest first, except that the two that need the shared Prefect
 # server come last (it starts meanwhile), so the lanes end together.
-QUICK_ORDER = ("parallel", "memory", "per_sample", "local_training", "evaluation", "overhead", "startup")
+QUICK_ORDER = ("round", "parallel", "memory", "per_sample", "local_training", "evaluation", "augment", "overhead", "startup")
 USES_PREFECT = {"overhead", "startup"}
 
 _print_lock = threading.Lock()

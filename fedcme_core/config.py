@@ -48,6 +48,10 @@ class DataConfig(_Frozen):
     # Seeded random subsets of the splits (None: the whole split).
     train_subset: int | None = Field(None, ge=10)
     test_subset: int | None = Field(None, ge=10)
+    # Training-batch augmentation (fedcme_core/augment.py): crop_flip is NIID-Bench's and MOON's
+    # CIFAR-10 transform (reflect-pad 4, random crop, random horizontal flip). None: the dataset's
+    # default, crop_flip for cifar10 and none otherwise (SPEC.md, Data).
+    augment: Literal["none", "crop_flip"] | None = None
     synthetic: SyntheticConfig = SyntheticConfig()
 
 
@@ -95,10 +99,14 @@ class TrainingConfig(_Frozen):
     lr: float = Field(0.01, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(1e-5, ge=0)
-    # Train in the channels_last memory format (NHWC): 1.38x faster for fmnist_cnn on the CPU
-    # here (BENCHMARKS.md, per_sample), equal to the default format within float rounding
-    # (parameters within 1e-5 after a run; see README, Performance options).
-    channels_last: bool = False
+    # Memory layout of the images and the model: channels_last (NHWC) or PyTorch's default
+    # NCHW, equal within float rounding; "auto" times both on the run's model and batch shape at
+    # run start and keeps the faster (fedcme_core/compute.py; README, Performance options).
+    channels_last: bool | Literal["auto"] = "auto"
+    # fp32, or bf16 autocast of the forward pass and the loss (weights, optimizer state and
+    # aggregation stay fp32); "auto" lets the calibration pick bf16 where the device computes it
+    # natively. fp32 by default until bf16's accuracy over full runs is measured (BENCHMARKS.md).
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
 
 
 class ModelConfig(_Frozen):
@@ -205,6 +213,13 @@ class ExperimentConfig(_Frozen):
         return {"fmnist": (1, 28, 28), "cifar10": (3, 32, 32)}.get(self.data.dataset, self.data.synthetic.shape)
 
     @property
+    def augmentation(self) -> str:
+        """`data.augment`, or the dataset's default when unset."""
+        if self.data.augment is not None:
+            return self.data.augment
+        return "crop_flip" if self.data.dataset == "cifar10" else "none"
+
+    @property
     def projection_dim(self) -> int | None:
         """MOON's projection head size (256 unless set); None for models without a head."""
         if self.model.projection_dim is not None:
@@ -232,7 +247,8 @@ def _format_location(location: tuple) -> str:
     parts = [str(part) for part in location]
     parts = [part for index, part in enumerate(parts)
              if not (index > 0 and parts[index - 1] == "algorithm" and part in ALGORITHM_NAMES)]
-    return ".".join(parts)
+    # A plain union puts the member's type in the path: training.channels_last.bool -> training.channels_last
+    return ".".join(part for part in parts if not re.fullmatch(r"bool|int|float|str|literal\[.*\]", part))
 
 
 def format_validation_error(error: ValidationError, source: str) -> str:

@@ -37,10 +37,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from . import compute as compute_module
 from . import data as data_module
 from .aggregation import select_clients, weighted_average
 from .algorithms import Algorithm, ClientContext, build_algorithm
+from .augment import augmentation
 from .checkpoints import CheckpointError, atomic_write_bytes, load_checkpoint, save_checkpoint
+from .compute import Compute, ComputeChoice
 from .config import ExperimentConfig
 from .evaluation import evaluate
 from .exchange import exchange_checkpoints
@@ -50,7 +53,7 @@ from .matching import eval_subset, evaluation_vector
 from .models import SplitModel, build_model, resolve_device
 from .partition import Partition, class_counts, load_partition, save_partition
 from .seeding import derive_seed, torch_generator
-from .training import load_local_run, save_local_run, start_local_run, train_epochs
+from .training import FP32, load_local_run, save_local_run, start_local_run, train_epochs
 
 
 class RunError(ValueError):
@@ -78,6 +81,11 @@ class RunPaths:
     @property
     def partition(self) -> Path:
         return self.root / "partition.npz"
+
+    @property
+    def compute(self) -> Path:
+        """The run's memory layout and precision, resolved once (fedcme_core.compute)."""
+        return self.root / "compute.json"
 
     def server_state(self, round_index: int) -> Path:
         """The server state at the start of round `round_index` (after `round_index` rounds)."""
@@ -127,7 +135,9 @@ def completed_rounds(run_dir: str | Path) -> int:
 # ------------------------------------------------------------------------------- data
 @functools.lru_cache(maxsize=2)
 def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
-    """The configured dataset (and subsets), loaded once per process."""
+    """The configured dataset (and subsets), loaded once per process, in PyTorch's default layout:
+    a client's rows are put in the run's layout when it trains (a copy of the whole dataset in
+    another layout would raise the peak memory by that much: 1.19x for CIFAR-10, bench/round.py)."""
     synthetic = data_config.synthetic
     if data_config.prepared_dir is not None:
         dataset = data_module.load_prepared(Path(data_config.prepared_dir), expected_name=data_config.dataset)
@@ -182,10 +192,44 @@ def make_partition(config: ExperimentConfig, labels: np.ndarray) -> Partition:
 
 
 # ---------------------------------------------------------------------- run set-up
-def new_model(config: ExperimentConfig, num_classes: int, device: torch.device | None = None) -> SplitModel:
+def new_model(config: ExperimentConfig, num_classes: int, device: torch.device | None = None,
+              compute: Compute = FP32) -> SplitModel:
     model = build_model(config.model.name, num_classes, config.projection_dim, seed=derive_seed(config.seed, "init"))
-    model = model.to(device if device is not None else resolve_device(config.device))
-    return model.to(memory_format=torch.channels_last) if config.training.channels_last else model
+    return compute.model(model.to(device if device is not None else resolve_device(config.device)))
+
+
+def resolve_run_compute(config: ExperimentConfig, num_classes: int) -> ComputeChoice:
+    """Layout and precision for a new run: fixed by the config, or calibrated on its model and
+    batch shape (on one thread, whatever the runner, so every runner chooses alike)."""
+    device = resolve_device(config.device)
+    training = config.training
+    key = f"{config.model.name}|{config.projection_dim}|{config.input_shape}|batch {training.batch_size}"
+    step = compute_module.training_step(config.model.name, num_classes, config.projection_dim, config.input_shape,
+                                        training, device)
+    with torch_threads(1):
+        return compute_module.resolve(training.channels_last, training.precision, device, key, step)
+
+
+def run_compute(run_dir: str | Path) -> Compute:
+    """The run's layout and precision, as `prepare_run` recorded them (read once per process)."""
+    return run_compute_choice(run_dir).compute
+
+
+def run_compute_choice(run_dir: str | Path) -> ComputeChoice:
+    """The run's recorded choice with how it was made (calibration figures included)."""
+    path = RunPaths(run_dir).compute
+    try:
+        return _cached_compute(str(path), path.stat().st_mtime_ns)
+    except FileNotFoundError:
+        raise RunError(f"{path}: missing; the run directory was not prepared (prepare_run)") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_compute(path: str, modified_ns: int) -> ComputeChoice:
+    try:
+        return ComputeChoice.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError) as error:
+        raise RunError(f"{path}: not a valid compute record ({error})") from None
 
 
 def _config_json(config: ExperimentConfig) -> str:
@@ -228,6 +272,9 @@ def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: s
         save_partition(partition, paths.partition)
     else:
         load_partition(paths.partition, labels=labels)
+    if not paths.compute.exists():  # a resumed run keeps the layout and precision it chose
+        choice = resolve_run_compute(config, dataset.num_classes)
+        atomic_write_bytes(paths.compute, (json.dumps(choice.to_json(), indent=2, sort_keys=True) + "\n").encode("utf-8"))
     if not paths.config.exists():
         atomic_write_bytes(paths.config, wanted.encode("utf-8"))
     if completed_rounds(paths.root) == 0 and not paths.server_state(0).exists():
@@ -344,17 +391,17 @@ def train_phase_step(
     run_dir = Path(run_dir)
     paths = RunPaths(run_dir)
     algorithm = build_algorithm(config.algorithm)
+    compute = run_compute(run_dir)
     dataset = load_experiment_dataset(config.data, config.seed)
     partition, counts = run_partition(config, run_dir)
     state = shared_server_state(run_dir, round_index)
     device = resolve_device(config.device)
     indices = torch.tensor(partition.clients[client_id])
-    inputs = dataset.x_train[indices].to(device)  # [D_k, C_in, H, W]
-    if config.training.channels_last:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    # Once per client and phase, so that every batch is gathered in the run's layout.
+    inputs = compute.layout(dataset.x_train[indices].to(device))  # [D_k, C_in, H, W]
     labels = dataset.y_train[indices].to(device)  # [D_k]
 
-    model = new_model(config, dataset.num_classes, device)
+    model = new_model(config, dataset.num_classes, device, compute)
     phases = phase_epochs(config, algorithm)
     first_epoch, last_epoch = phases[phase_index]
     if phase_index == 0:
@@ -370,7 +417,8 @@ def train_phase_step(
     hooks = algorithm.client_hooks(model, context)
 
     started = time.perf_counter()
-    train_epochs(run, inputs, labels, hooks, last_epoch - first_epoch, config.training.batch_size)
+    train_epochs(run, inputs, labels, hooks, last_epoch - first_epoch, config.training.batch_size, compute,
+                 augmentation(config.augmentation))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
@@ -545,8 +593,9 @@ def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: in
     The round's clients have finished, so the evaluation takes every core of its machine
     (same figures as on one thread: the batches' per-sample results do not depend on it).
     """
+    compute = run_compute(run_dir)
     dataset = load_experiment_dataset(config.data, config.seed)
-    model = new_model(config, dataset.num_classes)
+    model = new_model(config, dataset.num_classes, compute=compute)
     model.load_state_dict(load_checkpoint(RunPaths(run_dir).aggregate(round_index))["model"])
     with torch_threads(available_cores()):
         result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes)

@@ -22,9 +22,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .augment import Augmentation
 from .checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+from .compute import Compute
 from .config import TrainingConfig
 from .models import SplitModel
+
+FP32 = Compute()
 
 
 class ClientHooks:
@@ -74,8 +78,15 @@ def train_epochs(
     hooks: ClientHooks,
     num_epochs: int,
     batch_size: int,
+    compute: Compute = FP32,
+    augment: Augmentation | None = None,
 ) -> None:
-    """Train `num_epochs` more epochs in place (Algorithm 2: ClientUpdate's local SGD)."""
+    """Train `num_epochs` more epochs in place (Algorithm 2: ClientUpdate's local SGD).
+
+    `compute` sets the precision of the forward pass and the loss (bf16 autocast or fp32);
+    the layout is the one `inputs` and the model already have (see fedcme_core.compute).
+    `augment` transforms each training batch, drawing from the run's generator (so a resumed
+    run draws the same crops and flips; fedcme_core.augment)."""
     model, optimizer = run.model, run.optimizer
     device = next(model.parameters()).device
     num_samples = labels.shape[0]
@@ -87,12 +98,15 @@ def train_epochs(
             batch = order[start : start + batch_size]
             batch_inputs = inputs[batch].to(device, non_blocking=True)  # [B, C_in, H, W]
             batch_labels = labels[batch].to(device, non_blocking=True)  # [B]
-            features = model.features(batch_inputs)  # [B, d]
-            logits = hooks.transform_logits(model.classify(features), batch_labels)  # [B, C]
-            loss = F.cross_entropy(logits, batch_labels)
-            extra = hooks.extra_loss(batch_inputs, batch_labels, features, logits)
-            if extra is not None:
-                loss = loss + extra
+            if augment is not None:
+                batch_inputs = augment(batch_inputs, run.generator)  # [B, C_in, H, W]
+            with compute.autocast(device):
+                features = model.features(batch_inputs)  # [B, d]
+                logits = hooks.transform_logits(model.classify(features), batch_labels)  # [B, C]
+                loss = F.cross_entropy(logits, batch_labels)
+                extra = hooks.extra_loss(batch_inputs, batch_labels, features, logits)
+                if extra is not None:
+                    loss = loss + extra
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

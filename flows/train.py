@@ -36,6 +36,7 @@ from fedcme_core.federation import (
     final_model,
     load_experiment_dataset,
     load_server_state,
+    run_compute_choice,
     run_experiment,
 )
 from fedcme_core.partition import load_partition
@@ -69,6 +70,12 @@ def make_task_runner(runner: RunnerConfig):
             }
         )
     return ThreadPoolTaskRunner(max_workers=workers)
+
+
+def compute_line(choice) -> str:
+    """`compute channels_last+fp32 (calibration: nchw+fp32 2210/s, channels_last+fp32 3120/s)`."""
+    rates = ", ".join(f"{name} {rate:.0f}/s" for name, rate in choice.samples_per_second.items())
+    return f"compute {choice.compute.name} ({choice.chosen_by}{': ' + rates if rates else ''})"
 
 
 def round_line(record: Mapping[str, Any], total_rounds: int, elapsed: float, rounds_done_here: int) -> str:
@@ -124,7 +131,11 @@ def train(
 
     def on_start(history: list[dict[str, Any]]) -> None:
         partition = load_partition(RunPaths(run_dir).partition)
-        tracker.set_tags({"partition_hash": partition.content_hash})
+        choice = run_compute_choice(run_dir)  # resolved by `prepare`, possibly on another worker
+        tracker.set_tags({"partition_hash": partition.content_hash, "compute": choice.compute.name,
+                          "compute_chosen_by": choice.chosen_by,
+                          "compute_samples_per_second": json.dumps(choice.samples_per_second, sort_keys=True)})
+        print(f"{experiment}: {compute_line(choice)}", flush=True)
         tracker.sync(history)
         if history:
             print(f"{experiment}: resuming after round {len(history)} of {total}", flush=True)

@@ -1,6 +1,10 @@
-"""Small shared builders for the tests (tiny tensors, seeded models)."""
+"""Small shared builders for the tests (tiny tensors, seeded models, a copy of the repository)."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -63,3 +67,14 @@ class LinearSplitModel(nn.Module):
 def IdentityModel(dim: int) -> LinearSplitModel:
     """features(x) = x, classify(h) = h: the inputs are the logits."""
     return LinearSplitModel(torch.eye(dim), torch.eye(dim))
+
+
+def copy_repository(source: Path, destination: Path, params_file: Path) -> None:
+    """The repository's tracked and unignored files copied to `destination`, with `params_file` as params.yaml."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=source, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in files:
+        if (source / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / name, destination / name)
+    shutil.copy2(params_file, destination / "params.yaml")

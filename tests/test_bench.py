@@ -17,7 +17,7 @@ import sys
 
 from .conftest import REPO_ROOT
 
-EXPECTED = {"local_training", "parallel", "overhead", "memory", "evaluation", "startup", "per_sample"}
+EXPECTED = {"local_training", "parallel", "overhead", "memory", "evaluation", "startup", "per_sample", "round", "augment"}
 
 # Per benchmark, the figures that must be positive numbers (dotted paths; a mapping: all its values).
 POSITIVE = {
@@ -29,6 +29,9 @@ POSITIVE = {
     "evaluation": ["samples_per_second", "ratio_evaluate_vs_bare"],
     "startup": ["seconds.server_running"],  # one launch against the given server (quick mode)
     "per_sample": ["per_sample_us", "samples_per_second", "ratio_clients_vmap_vs_serial"],
+    "augment": ["per_sample_us", "share_of_augmented_step"],
+    "round": [f"figures.{variant}.{figure}" for variant in ("defaults", "old", "bare")
+              for figure in ("round_seconds", "samples_per_second", "outside_rounds_seconds", "peak_rss_mib")],
 }
 
 

@@ -18,6 +18,7 @@ from fedcme_core.federation import (
     final_model,
     load_experiment_dataset,
     load_server_state,
+    run_compute,
     run_experiment,
     shared_server_state,
 )
@@ -247,7 +248,7 @@ def test_evaluation_uses_every_core_and_gives_the_one_thread_figures(tmp_path, s
     config = synthetic_config({"federation.rounds": 1, "runner.keep_round_files": True})
     run_experiment(config, tmp_path / "run")
     dataset = load_experiment_dataset(config.data, config.seed)
-    model = final_model(config, tmp_path / "run")
+    model = run_compute(tmp_path / "run").model(final_model(config, tmp_path / "run"))  # the step's layout
     torch.set_num_threads(1)
 
     figures = evaluate_step(config, tmp_path / "run", 0)

@@ -50,6 +50,10 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
     assert run.data.params["algorithm.name"] == "fedcme" and run.data.params["federation.rounds"] == "2"
     assert run.data.tags["dataset"] == "synthetic" and len(run.data.tags["partition_hash"]) == 64
     assert run.data.tags["git_commit"]
+    # The layout and precision the run chose (training.channels_last: auto), as its run directory records them.
+    recorded = json.loads((Path(summary["run_dir"]) / "compute.json").read_text())
+    assert run.data.tags["compute"] == recorded["name"] and run.data.tags["compute"].endswith("+fp32")
+    assert run.data.tags["compute_chosen_by"] == recorded["chosen_by"] in ("calibration", "machine cache")
     assert run.info.status == "FINISHED"
     # prepare; per round 6 steps + 2 phases x 2 worker tasks (runner.client_tasks: worker)
     assert summary["prefect_task_runs"] == 1 + 2 * 10
@@ -88,7 +92,9 @@ def test_phase_two_checkpoints_hold_the_counterparts_classifier(tmp_path):
     assert checked == 8
 
 
-def test_sequential_threads_and_dask_give_the_same_model(tmp_path):
+@pytest.mark.parametrize("compute", [{}, {"training.channels_last": True, "training.precision": "bf16"}],
+                         ids=["default", "channels_last-bf16"])
+def test_sequential_threads_and_dask_give_the_same_model(tmp_path, compute):
     runners = {
         "sequential": {"runner.kind": "sequential"},
         "threads": {"runner.kind": "threads", "runner.workers": 2},
@@ -97,7 +103,7 @@ def test_sequential_threads_and_dask_give_the_same_model(tmp_path):
     }
     models = {}
     for name, overrides in runners.items():
-        summary, _ = train(tmp_path, name, **overrides, **{"runner.threads_per_worker": 1})
+        summary, _ = train(tmp_path, name, **overrides, **compute, **{"runner.threads_per_worker": 1})
         models[name] = final_model(load_config(SMOKE), summary["run_dir"])
 
     assert same_state(models["sequential"], models["threads"])

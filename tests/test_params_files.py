@@ -8,7 +8,6 @@ the repository. A new grid file under configs/ is covered without editing this t
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from fedcme_core.params import load_params
 from flows.dvc_params import check_dvc_params, needed_params
 
 from .conftest import REPO_ROOT
+from .helpers import copy_repository
 
 GRID_FILES = [REPO_ROOT / "params.yaml", *sorted((REPO_ROOT / "configs").glob("params-*.yaml"))]
 GRID_IDS = [str(path.relative_to(REPO_ROOT)) for path in GRID_FILES]
@@ -46,16 +46,6 @@ def test_shipped_grid_file_has_every_param_dvc_yaml_reads(path):
     assert count > 0
 
 
-def copy_repository(destination: Path, params_file: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for name in files:
-        if (REPO_ROOT / name).is_file():
-            (destination / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO_ROOT / name, destination / name)
-    shutil.copy2(params_file, destination / "params.yaml")
-
-
 def run(command: list[str], cwd: Path, environment: dict) -> str:
     result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -64,7 +54,7 @@ def run(command: list[str], cwd: Path, environment: dict) -> str:
 
 @pytest.mark.parametrize("path", GRID_FILES, ids=GRID_IDS)
 def test_first_partition_stage_of_grid_file_reproduces(tmp_path, mirror, path):
-    copy_repository(tmp_path, path)
+    copy_repository(REPO_ROOT, tmp_path, path)
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                    "FEDCME_DATA_MIRROR": str(mirror), "DVC_NO_ANALYTICS": "1"}
     run(["git", "init", "-q"], tmp_path, environment)

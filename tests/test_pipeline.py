@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO_ROOT
+from .helpers import copy_repository
 
 EXPERIMENTS = ["fmnist-a0.5-k100m2-fedavg-s0", "fmnist-a0.5-k100m2-fedcme-mu001-s0", "fmnist-a0.5-k100m2-fedcme-no-exchange-s0"]
 PARTITION = Path("data/partitions/fmnist-a0.5-k100-s0")
@@ -32,13 +33,7 @@ def stages_run(output: str) -> list[str]:
 def pipeline(tmp_path_factory, mirror, prefect_server):
     """A copy of the repository (git init, dvc init) whose params.yaml is the smoke grid, reproduced once."""
     workdir = tmp_path_factory.mktemp("repo")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for name in files:
-        if (REPO_ROOT / name).is_file():
-            (workdir / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO_ROOT / name, workdir / name)
-    shutil.copy2(workdir / "configs" / "params-smoke.yaml", workdir / "params.yaml")
+    copy_repository(REPO_ROOT, workdir, REPO_ROOT / "configs" / "params-smoke.yaml")
     environment = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",

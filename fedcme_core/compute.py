@@ -1,0 +1,211 @@
+"""Memory layout and precision of local training, chosen per model and machine by measurement.
+
+``training.channels_last: auto | true | false`` and ``training.precision: fp32 | bf16 | auto``.
+bf16 is autocast (``torch.autocast``) around the forward pass and the loss, on the CPU and on
+CUDA; weights, gradients, optimizer state, checkpoints and aggregation stay fp32. ``auto`` times
+a few training steps of every allowed candidate on the run's own model and batch shape (well
+under a second) and keeps the fastest; bf16 is a candidate only where the device has native
+bf16 arithmetic (oneDNN's check on the CPU: AVX512-BF16 or AMX; ``is_bf16_supported`` on CUDA).
+
+The choice is part of what defines a run's results, so it is resolved once, when the run
+directory is made, and written there (``compute.json``): every step on every runner reads it,
+and a resumed run keeps it. A calibration's choice is also kept per machine (CPU model, torch
+version, device, model, batch shape; timed on one thread whatever the runner) in
+``$FEDCME_CACHE_DIR/compute.json`` (default ``~/.cache/fedcme``), so that fresh runs of one
+config on one machine choose alike and stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from .checkpoints import atomic_write_bytes
+
+Precision = Literal["fp32", "bf16"]
+CALIBRATION_STEPS = 3  # timed training steps per candidate and repeat (after one warm-up step)
+CALIBRATION_REPEATS = 2  # candidates interleaved, the fastest repeat kept
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How a run's tensors are laid out and computed."""
+
+    channels_last: bool = False
+    precision: Precision = "fp32"
+
+    @property
+    def name(self) -> str:
+        return f"{'channels_last' if self.channels_last else 'nchw'}+{self.precision}"
+
+    @property
+    def memory_format(self) -> torch.memory_format:
+        return torch.channels_last if self.channels_last else torch.contiguous_format
+
+    def in_layout(self, tensor: torch.Tensor) -> bool:
+        return tensor.dim() != 4 or tensor.is_contiguous(memory_format=self.memory_format)
+
+    def layout(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Images [N, C, H, W] in this layout (other tensors unchanged)."""
+        return tensor if tensor.dim() != 4 else tensor.contiguous(memory_format=self.memory_format)
+
+    def model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
+    def autocast(self, device: torch.device) -> torch.autocast:
+        """bf16 autocast of the forward pass and the loss (a no-op for fp32)."""
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+
+@dataclass
+class ComputeChoice:
+    """The resolved choice and how it was made (what `compute.json` and MLflow record)."""
+
+    compute: Compute
+    chosen_by: Literal["config", "calibration", "machine cache"]
+    samples_per_second: dict[str, float] = field(default_factory=dict)
+    calibration_seconds: float | None = None
+    machine: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self.compute), "name": self.compute.name, "chosen_by": self.chosen_by,
+                "samples_per_second": self.samples_per_second, "calibration_seconds": self.calibration_seconds,
+                "machine": self.machine}
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> ComputeChoice:
+        return cls(Compute(bool(values["channels_last"]), values["precision"]), values["chosen_by"],
+                   dict(values.get("samples_per_second") or {}), values.get("calibration_seconds"),
+                   values.get("machine", ""))
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True when the device computes bf16 natively (so that bf16 can pay)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def candidates(channels_last: bool | str, precision: str, device: torch.device) -> list[Compute]:
+    """Every layout and precision the settings allow on `device`."""
+    layouts = [False, True] if channels_last == "auto" else [bool(channels_last)]
+    if precision == "auto":
+        precisions: list[Precision] = ["fp32", "bf16"] if native_bf16(device) else ["fp32"]
+    else:
+        precisions = [precision]  # type: ignore[list-item]
+    return [Compute(layout, chosen) for layout in layouts for chosen in precisions]
+
+
+def machine_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = ""
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return model or platform.processor() or platform.machine()
+
+
+def cache_path() -> Path:
+    return Path(os.environ.get("FEDCME_CACHE_DIR") or Path.home() / ".cache" / "fedcme") / "compute.json"
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # no cache yet, or a damaged one: calibrate again
+    return values if isinstance(values, dict) else {}
+
+
+def _write_cache(path: Path, key: str, choice: ComputeChoice) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        values = _read_cache(path)
+        values[key] = choice.to_json()
+        atomic_write_bytes(path, (json.dumps(values, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    except OSError:
+        pass  # a read-only home: the choice is still recorded in the run directory
+
+
+def time_candidates(step, options: list[Compute]) -> dict[str, float]:
+    """Samples/s of each option, `step(option)` -> samples trained; interleaved, best repeat kept."""
+    best: dict[str, float] = {}
+    for option in options[1:]:
+        step(option)  # warm-up: oneDNN primitives and allocations (the first option's is done)
+    for _ in range(CALIBRATION_REPEATS):
+        for option in options:
+            started = time.perf_counter()
+            samples = sum(step(option) for _ in range(CALIBRATION_STEPS))
+            rate = samples / max(time.perf_counter() - started, 1e-9)
+            best[option.name] = max(best.get(option.name, 0.0), rate)
+    return best
+
+
+def resolve(channels_last: bool | str, precision: str, device: torch.device, key: str, step) -> ComputeChoice:
+    """The run's choice: fixed by the config, or the fastest candidate by `step` (cached per machine).
+
+    `key` names the workload (model, batch shape, threads); `step(option)` trains one batch in
+    `option` and returns its sample count.
+    """
+    options = candidates(channels_last, precision, device)
+    machine = machine_name(device)
+    if len(options) == 1:
+        return ComputeChoice(options[0], "config", machine=machine)
+    full_key = f"{machine}|torch {torch.__version__}|{device.type}|{key}|{','.join(option.name for option in options)}"
+    path = cache_path()
+    cached = _read_cache(path).get(full_key)
+    if cached is not None:
+        try:
+            choice = ComputeChoice.from_json(cached)
+            choice.chosen_by = "machine cache"
+            return choice
+        except (KeyError, TypeError, ValueError):
+            pass
+    step(options[0])  # torch's one-time start-up (2 s here), which the run's first step would pay: not counted
+    started = time.perf_counter()
+    rates = time_candidates(step, options)
+    fastest = max(options, key=lambda option: rates[option.name])
+    choice = ComputeChoice(fastest, "calibration", rates, time.perf_counter() - started, machine)
+    _write_cache(path, full_key, choice)
+    return choice
+
+
+def training_step(model_name: str, num_classes: int, projection_dim: int | None, input_shape: tuple[int, int, int],
+                  training, device: torch.device, seed: int = 0):
+    """`step(option)`: one training step of the run's model on a random batch of its shape, in
+    `option` (the one local loop, FedAvg's hooks); returns the batch size. Its own seeded tensors
+    and generators: the run's random streams are untouched."""
+    from .models import build_model
+    from .training import ClientHooks, start_local_run, train_epochs
+
+    generator = torch.Generator().manual_seed(seed)
+    batch = training.batch_size
+    inputs = torch.randn(batch, *input_shape, generator=generator)  # [B, C_in, H, W]
+    labels = torch.randint(num_classes, (batch,), generator=generator)  # [B]
+    runs: dict[Compute, Any] = {}
+
+    def step(option: Compute) -> int:
+        if option not in runs:
+            model = option.model(build_model(model_name, num_classes, projection_dim, seed=seed).to(device))
+            runs[option] = (start_local_run(model, training, torch.Generator().manual_seed(seed)),
+                            option.layout(inputs).to(device), labels.to(device))
+        run, option_inputs, option_labels = runs[option]
+        train_epochs(run, option_inputs, option_labels, ClientHooks(), 1, batch, compute=option)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return batch
+
+    return step
