@@ -33,6 +33,7 @@ class Command:
     """`fedcme train` of a small synthetic FedCME run, its output lines read with their times."""
 
     def __init__(self, tmp_path: Path, runner: str = "threads") -> None:
+        tmp_path.mkdir(parents=True, exist_ok=True)
         config = tmp_path / "config.yaml"
         values = {**SYNTHETIC, "federation": {"num_clients": 6, "clients_per_round": 4, "rounds": ROUNDS},
                   "runner": {"kind": runner, "workers": 2, "threads_per_worker": 1}}
@@ -97,7 +98,8 @@ def timeline(tmp_path_factory) -> dict[str, float]:
         kill_all(command.token)
 
 
-def kill_when(command: Command, moment: str, timeline: dict[str, float]) -> None:
+def kill_when(command: Command, moment: str, timeline: dict[str, float], fraction: float = 0.8) -> bool:
+    """SIGKILL `command` at `moment`; False when it had already exited (the moment was missed)."""
     if moment == "importing":
         time.sleep(0.3)
     elif moment == "server starting":
@@ -107,21 +109,30 @@ def kill_when(command: Command, moment: str, timeline: dict[str, float]) -> None
     elif moment == "model logging":
         command.wait_for(lambda: command.saw(LAST_ROUND))
     elif moment == "shutdown":
-        # Past the model logging, most of the way from the last round line to the exit.
+        # Past the model logging, `fraction` of the way from the last round line to the exit.
         command.wait_for(lambda: command.saw(LAST_ROUND))
-        delay = 0.8 * (timeline["exit"] - timeline["last_round"])
+        delay = fraction * (timeline["exit"] - timeline["last_round"])
         time.sleep(max(0.0, delay - (time.monotonic() - command.started - command.line_time(LAST_ROUND))))
-        assert command.process.poll() is None, "the command exited before its shutdown moment"
+        if command.process.poll() is not None:
+            return False
     command.kill()
+    return True
 
 
 @pytest.mark.parametrize("moment", ["importing", "server starting", "mid-round", "model logging", "shutdown",
                                     "dask mid-round"])
 def test_no_process_outlives_a_killed_train(tmp_path, timeline, moment):
-    command = Command(tmp_path, runner="dask" if moment.startswith("dask") else "threads")
-    try:
-        kill_when(command, moment, timeline)
-        left = wait_until_none_left(command.token, timeout=10)
-        assert left == [], f"killed while {moment}, these processes outlived it:\n" + "\n".join(left)
-    finally:
-        kill_all(command.token)
+    # On a loaded machine the shutdown moment can come later than the uninterrupted run's timing
+    # says: a command that exited first (and must have left nothing either) is run again, killed sooner.
+    for attempt, fraction in enumerate((0.8, 0.5, 0.25)):
+        command = Command(tmp_path / str(attempt), runner="dask" if moment.startswith("dask") else "threads")
+        try:
+            killed = kill_when(command, moment, timeline, fraction)
+            # bounded: Dask's worker processes notice their nanny's death within seconds, more under load
+            left = wait_until_none_left(command.token, timeout=30)
+            assert left == [], f"killed while {moment}, these processes outlived it:\n" + "\n".join(left)
+        finally:
+            kill_all(command.token)
+        if killed:
+            return
+    pytest.fail(f"the command always exited before its {moment} moment")
