@@ -184,3 +184,36 @@ def _sorted_unique(clients: Sequence[int]) -> list[int]:
     if len(set(ordered)) != len(ordered):
         raise ValueError(f"client ids must be distinct, got {ordered}")
     return ordered
+
+
+def matching_similarity(history: Sequence[Mapping]) -> list[dict]:
+    """What the matching did each round, replayed from a run's history (SPEC step 2).
+
+    The server's table starts empty and takes each round's uploaded ``evaluation_vectors``
+    after that round, so round r's pairs are scored with the vectors the server held when it
+    matched them. Per round (1-based ``round``): ``pairs`` (those whose two clients both had a
+    vector, so the similarity chose them), ``matched_cosine`` (their mean cos) and
+    ``random_cosine`` (the mean cos over every pair of selected clients with a vector: what a
+    random pairing gives on average); the cosines are None when there is nothing to score.
+    """
+    table: dict[int, np.ndarray] = {}
+    rounds = []
+    for record in sorted(history, key=lambda record: int(record["round"])):
+        scored = [int(client) for client in record.get("selected", []) if int(client) in table]
+        pairs = [[int(a), int(b)] for a, b in record.get("pairs", []) if int(a) in table and int(b) in table]
+        everyone = [(a, b) for position, a in enumerate(scored) for b in scored[position + 1:]]
+        rounds.append({
+            "round": int(record["round"]) + 1,
+            "pairs": pairs,
+            "matched_cosine": _mean_cosine(table, pairs),
+            "random_cosine": _mean_cosine(table, everyone),
+        })
+        for client, vector in (record.get("evaluation_vectors") or {}).items():
+            table[int(client)] = np.asarray(vector, dtype=np.float64)
+    return rounds
+
+
+def _mean_cosine(table: Mapping[int, np.ndarray], pairs: Sequence[Sequence[int]]) -> float | None:
+    if not pairs:
+        return None
+    return float(np.mean([cosine_similarity(table[a], table[b]) for a, b in pairs]))

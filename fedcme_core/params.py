@@ -86,6 +86,7 @@ class GridSection(_Section):
 
 
 class ReportSection(_Section):
+    name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9-]*$", description="the grid's name (docs/results/<name>.csv)")
     target_accuracy: float | None = Field(None, gt=0, le=1)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from fedcme_core.checkpoints import atomic_write_bytes, save_checkpoint
 from fedcme_core.data import load_prepared, load_raw, resolve_mirror, save_prepared, subset
 from fedcme_core.federation import completed_rounds, load_server_state, run_directory_matches
+from fedcme_core.matching import matching_similarity
 from fedcme_core.metrics import history_csv, summarize, with_content_hash
 from fedcme_core.params import ParamsFile, load_params
 from fedcme_core.partition import Partition, class_counts, save_partition
@@ -158,16 +159,29 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
     )
     final_state = load_server_state(run_dir, completed_rounds(run_dir))
     history = final_state["history"][: config.federation.rounds]
-    summary = {
-        **summarize(history, target_accuracy=params.report.target_accuracy),
+    identity = {
         "experiment": experiment,
         "method": params.label(arguments.method),
         "setting": setting_label(arguments.dataset, arguments.alpha, arguments.clients, arguments.per_round),
         "group": params.group(arguments.method),
+        "seed": arguments.seed,
     }
-    Path("metrics").mkdir(exist_ok=True)
+    summary = {
+        **summarize(history, target_accuracy=params.report.target_accuracy),
+        **identity,
+        "method_name": arguments.method,
+        "dataset": arguments.dataset,
+        "alpha": arguments.alpha,
+        "num_clients": arguments.clients,
+        "clients_per_round": arguments.per_round,
+        "local_epochs": config.training.local_epochs,
+    }
+    counts = json.loads((partition_file.parent / "class_counts.json").read_text(encoding="utf-8"))["class_counts"]
+    matching = {**identity, "class_counts": counts, "rounds": matching_similarity(history)}
+    Path("metrics/matching").mkdir(parents=True, exist_ok=True)
     write_json(Path("metrics") / f"{experiment}.json", with_content_hash(summary))
     atomic_write_bytes(Path("metrics") / f"{experiment}.csv", history_csv(history).encode("utf-8"))
+    write_json(Path("metrics/matching") / f"{experiment}.json", matching)
     save_checkpoint({"model": final_state["model"], "experiment": experiment}, Path("models") / f"{experiment}.pt")
 
 

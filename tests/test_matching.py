@@ -16,6 +16,7 @@ from fedcme_core.matching import (
     eval_subset,
     evaluation_vector,
     many_to_one_round,
+    matching_similarity,
     match_round,
     pair_clients,
     random_pairs,
@@ -331,3 +332,22 @@ def test_evaluation_vector_hand_set_model() -> None:
     # Assert: class 0: 1/2, class 1: 2/3, classes 2 and 3 absent -> 0.
     assert eps.dtype == np.float64
     np.testing.assert_allclose(eps, [0.5, 2 / 3, 0.0, 0.0])
+
+
+def test_matching_similarity_replays_the_servers_table_by_hand():
+    history = [
+        {"round": 0, "selected": [0, 1, 2, 3], "pairs": [[0, 1], [2, 3]],
+         "evaluation_vectors": {"0": [1, 0], "1": [0, 1], "2": [1, 1], "3": [1, 0]}},
+        {"round": 1, "selected": [0, 1, 2, 3], "pairs": [[0, 1], [2, 3]], "evaluation_vectors": {"0": [0, 1]}},
+        {"round": 2, "selected": [0, 3, 4], "pairs": [[0, 4]], "evaluation_vectors": {}},
+    ]
+
+    rounds = matching_similarity(history)
+
+    # Round 1 scores with round 0's uploads: cos(0,1) = 0, cos(2,3) = 1/sqrt 2; all six pairs sum to 3/sqrt 2 + 1.
+    assert rounds[0] == {"round": 1, "pairs": [], "matched_cosine": None, "random_cosine": None}
+    assert rounds[1]["pairs"] == [[0, 1], [2, 3]]
+    assert rounds[1]["matched_cosine"] == pytest.approx(0.5 / np.sqrt(2))
+    assert rounds[1]["random_cosine"] == pytest.approx((3 / np.sqrt(2) + 1) / 6)
+    # Round 2: client 4 has no vector (its pair was random); 0 now holds [0, 1], so cos(0, 3) = 0.
+    assert rounds[2] == {"round": 3, "pairs": [], "matched_cosine": None, "random_cosine": 0.0}

@@ -66,9 +66,12 @@ def test_repro_creates_every_declared_output(pipeline):
         "reports/results.md",
         "reports/accuracy.png",
         "reports/accuracy-ablation.png",
+        "reports/accuracy-matching.png",
+        "reports/results.csv",
         *[f"models/{name}.pt" for name in EXPERIMENTS],
         *[f"metrics/{name}.json" for name in EXPERIMENTS],
         *[f"metrics/{name}.csv" for name in EXPERIMENTS],
+        *[f"metrics/matching/{name}.json" for name in EXPERIMENTS],
     ]
     missing = [str(path) for path in expected if not (workdir / path).is_file()]
     assert missing == []
@@ -76,6 +79,11 @@ def test_repro_creates_every_declared_output(pipeline):
     assert sum(counts["sizes"]) == 6000  # the partition covers the params' seeded train_subset
     report = (workdir / "reports" / "results.md").read_text()
     assert "| FedAvg |" in report and "| FedCME(0.01) |" in report and "FedCME w/o exchange" in report
+    summary = (workdir / "reports" / "results.csv").read_text().splitlines()
+    assert len(summary) == 1 + len(EXPERIMENTS) and all(line.startswith("smoke,") for line in summary[1:])
+    matching = json.loads((workdir / "metrics" / "matching" / f"{EXPERIMENTS[1]}.json").read_text())
+    assert [record["round"] for record in matching["rounds"]] == [1, 2]
+    assert len(matching["class_counts"]) == 100 and matching["seed"] == 0
 
 
 def test_second_repro_does_nothing(pipeline):

@@ -1,64 +1,58 @@
-"""Tests of flows.report: Table II / III Markdown forms, figures and the written report."""
+"""Tests of the results report (flows.report, flows.report_tables, flows.seed_stats, flows.report_figures)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedcme_core.metrics import history_csv, with_content_hash
-from flows.report import (
-    ablation_table,
-    load_metrics,
-    main,
-    results_table,
-    settings_where_fedcme_does_not_win,
+from flows.report import load_matching, load_metrics, main, matching_runs, write_report
+from flows.report_figures import seed_band
+from flows.report_tables import (
+    ablation_entries,
+    accuracy_table,
+    paired_table,
     speed_table,
-    write_report,
+    where_fedcme_does_not_win,
 )
+from flows.seed_stats import CSV_COLUMNS, PairedDifference, SeedStats, summary_csv
 
-LOW_ALPHA = "FMNIST a=0.1 K=50 M=20"
-HIGH_ALPHA = "FMNIST a=0.5 K=50 M=20"
+LOW = "FMNIST a=0.1 K=50 M=20"
+HIGH = "FMNIST a=0.5 K=50 M=20"
 
 
-def metrics_entry(
-    experiment: str,
-    method: str,
-    setting: str,
-    final_accuracy: float,
-    accuracy_at: list[float] | None = None,
-    rounds_to_target: int | None = None,
-    group: str = "main",
-) -> dict:
-    """A metrics file's content: summarize() keys for a 10-round run plus the identifying keys."""
+def metrics_entry(experiment: str, method: str, setting: str, final_accuracy: float, seed: int = 0,
+                  accuracy_at: list[float] | None = None, rounds_to_target: int | None = None,
+                  group: str = "main") -> dict:
+    """A metrics file's content: summarize() keys for a 10-round run plus the identity keys."""
     accuracy_at = accuracy_at or [final_accuracy] * 5
     return {
-        "experiment": experiment,
-        "method": method,
-        "setting": setting,
-        "group": group,
-        "rounds": 10,
-        "final_window": 5,
-        "final_accuracy": final_accuracy,
-        "final_loss": 1.0,
-        "best_accuracy": max(accuracy_at),
-        "best_round": 10,
+        "experiment": experiment, "method": method, "setting": setting, "group": group, "seed": seed,
+        "method_name": method.lower(), "dataset": "fmnist", "alpha": 0.1 if setting == LOW else 0.5,
+        "num_clients": 50, "clients_per_round": 20, "local_epochs": 2,
+        "rounds": 10, "final_window": 5, "final_accuracy": final_accuracy, "final_loss": 1.0,
+        "best_accuracy": max(accuracy_at), "best_round": 10,
         "accuracy_at": {f"{k}/5": value for k, value in enumerate(accuracy_at, start=1)},
-        "target_accuracy": 0.6,
-        "rounds_to_target": rounds_to_target,
-        "total_seconds": 20.0,
+        "target_accuracy": 0.6, "rounds_to_target": rounds_to_target, "total_seconds": 20.0,
     }
 
 
 def grid_entries() -> list[dict]:
-    """3 methods x 2 settings; FedProx(0.01) is not run in HIGH_ALPHA; a tie in LOW_ALPHA."""
+    """3 methods x 2 seeds in LOW, 2 methods x 1 seed in HIGH (FedProx not run there)."""
     return [
-        metrics_entry("a-fedavg-low", "FedAvg", LOW_ALPHA, 0.5, [0.2, 0.35, 0.42, 0.48, 0.5]),
-        metrics_entry("b-fedprox-low", "FedProx(0.01)", LOW_ALPHA, 0.6183, [0.3, 0.45, 0.55, 0.6, 0.62], 8),
-        metrics_entry("c-fedcme-low", "FedCME(0.01)", LOW_ALPHA, 0.6183, [0.35, 0.5, 0.58, 0.61, 0.62], 7),
-        metrics_entry("d-fedavg-high", "FedAvg", HIGH_ALPHA, 0.7012),
-        metrics_entry("e-fedcme-high", "FedCME(0.01)", HIGH_ALPHA, 0.725, rounds_to_target=2),
+        metrics_entry("a-fedavg-low-s0", "FedAvg", LOW, 0.50, 0, [0.2, 0.35, 0.42, 0.48, 0.50]),
+        metrics_entry("a-fedavg-low-s1", "FedAvg", LOW, 0.60, 1, [0.2, 0.45, 0.52, 0.58, 0.60], 5),
+        metrics_entry("b-fedprox-low-s0", "FedProx(0.01)", LOW, 0.51, 0, [0.3, 0.45, 0.55, 0.60, 0.62], 4),
+        metrics_entry("b-fedprox-low-s1", "FedProx(0.01)", LOW, 0.62, 1, [0.3, 0.45, 0.55, 0.60, 0.62], 4),
+        metrics_entry("c-fedcme-low-s0", "FedCME(0.01)", LOW, 0.53, 0, [0.35, 0.5, 0.58, 0.61, 0.62], 3),
+        metrics_entry("c-fedcme-low-s1", "FedCME(0.01)", LOW, 0.61, 1, [0.35, 0.5, 0.58, 0.61, 0.62], 5),
+        metrics_entry("d-fedavg-high-s0", "FedAvg", HIGH, 0.7012, 0),
+        metrics_entry("e-fedcme-high-s0", "FedCME(0.01)", HIGH, 0.725, 0, rounds_to_target=2),
     ]
 
 
@@ -75,227 +69,254 @@ def write_metrics_folder(folder: Path, entries: list[dict]) -> Path:
     return folder
 
 
-def test_results_table_in_table_ii_form():
-    # Prepare
+def matching_record(entry: dict, pairs_per_round: list[list[list[int]]]) -> dict:
+    rounds = [{"round": r + 1, "pairs": pairs, "matched_cosine": 0.5 if pairs else None,
+               "random_cosine": 0.8 if pairs else None} for r, pairs in enumerate(pairs_per_round)]
+    return {key: entry[key] for key in ("experiment", "method", "setting", "group", "seed")} | {
+        "class_counts": np.arange(40).reshape(4, 10).tolist(), "rounds": rounds}
+
+
+def table_row(table: str, name: str) -> list[str]:
+    row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+    return [cell.strip() for cell in row.strip("|").split("|")][1:]
+
+
+# ---------------------------------------------------------------------------- seed statistics
+def test_seed_stats_mean_and_sample_std():
+    summary = SeedStats({0: 0.5, 1: 0.6, 2: 0.7})
+
+    assert summary.n == 3 and summary.mean == pytest.approx(0.6)
+    assert summary.std == pytest.approx(0.1)  # sqrt(((-0.1)^2 + 0 + 0.1^2) / 2)
+    assert SeedStats({4: 0.5}).std is None
+
+
+def test_paired_difference_wins_and_t_test_by_hand():
+    difference = PairedDifference({0: 0.01, 1: 0.02, 2: -0.03})
+    assert (difference.wins, difference.losses, difference.n) == (2, 1, 3)
+
+    # d = (1, 2, 3) points: mean 2, sd 1, t = 2 / (1 / sqrt 3) = 3.464 with 2 df: p = 0.0742.
+    assert PairedDifference({0: 0.01, 1: 0.02, 2: 0.03}).p_value == pytest.approx(0.07418, abs=1e-5)
+    assert PairedDifference({0: 0.01}).p_value is None
+    assert PairedDifference({0: 0.0, 1: 0.0}).p_value is None  # identical methods: no test
+
+
+# ------------------------------------------------------------------------------------- tables
+def test_table_ii_gives_mean_std_and_n_per_cell():
+    table = accuracy_table(grid_entries(), "final_accuracy")
+
+    assert table.splitlines()[0] == f"| Method | {LOW} | {HIGH} |"
+    assert table_row(table, "FedAvg") == ["55.00 ± 7.07 (2)", "70.12 (1)"]
+    assert table_row(table, "FedProx(0.01)") == ["56.50 ± 7.78 (2)", "–"]
+    assert table_row(table, "FedCME(0.01)") == ["**57.00 ± 5.66 (2)**", "**72.50 (1)**"]
+
+
+def test_table_ii_bolds_every_tied_best_mean():
+    entries = [metrics_entry("a", "FedAvg", LOW, 0.6), metrics_entry("b", "FedCME(0.01)", LOW, 0.6)]
+
+    table = accuracy_table(entries, "final_accuracy")
+
+    assert table_row(table, "FedAvg") == ["**60.00 (1)**"] and table_row(table, "FedCME(0.01)") == ["**60.00 (1)**"]
+
+
+def test_table_ii_rejects_two_runs_of_one_cell_and_seed():
+    entries = [metrics_entry("one", "FedAvg", LOW, 0.5), metrics_entry("two", "FedAvg", LOW, 0.6)]
+
+    with pytest.raises(ValueError, match=r"'one' and 'two' are both method 'FedAvg'.*seed 0"):
+        accuracy_table(entries, "final_accuracy")
+
+
+def test_table_iii_gives_fractions_over_seeds_and_rounds_to_target():
+    table = speed_table(grid_entries(), LOW)
+
+    assert table.splitlines()[0] == "| Method | 1/5 T | 2/5 T | 3/5 T | 4/5 T | T | rounds to target |"
+    assert table_row(table, "FedAvg") == ["20.00 ± 0.00 (2)", "40.00 ± 7.07 (2)", "47.00 ± 7.07 (2)",
+                                          "53.00 ± 7.07 (2)", "55.00 ± 7.07 (2)", "5 (1/2)"]
+    assert table_row(table, "FedProx(0.01)")[-1] == "**4**"
+    assert table_row(table, "FedCME(0.01)")[0] == "**35.00 ± 0.00 (2)**"
+    assert table_row(table, "FedCME(0.01)")[-1] == "**4**"  # (3 + 5) / 2; FedProx's 4 ties it
+
+
+def test_paired_table_against_fedavg():
+    table = paired_table(grid_entries(), LOW)
+
+    # FedCME - FedAvg: seed 0 +3, seed 1 +1 points: mean +2, sd 1.41, t = 2 with 1 df: p = 0.295.
+    assert table_row(table, "FedCME(0.01)") == ["+2.00 ± 1.41", "2", "2", "0.295"]
+    assert table_row(table, "FedProx(0.01)") == ["+1.50 ± 0.71", "2", "2", "0.205"]
+    assert "FedAvg |" not in table.split("\n", 2)[2]
+
+
+def test_paired_table_without_the_reference_says_so():
+    entries = [metrics_entry("c", "FedCME(0.01)", LOW, 0.5)]
+
+    assert paired_table(entries, LOW) == "_No FedAvg run in this setting to pair with._\n"
+
+
+def test_where_fedcme_does_not_win_lists_losses_and_unproven_wins():
     entries = grid_entries()
+    entries[3]["final_accuracy"] = 0.64  # FedProx seed 1 now beats FedCME on average (0.575 vs 0.57)
 
-    # Execute
-    table = results_table(entries)
+    text = where_fedcme_does_not_win(entries)
 
-    # Assert
-    assert table == (
-        "| Method | FMNIST a=0.1 K=50 M=20 | FMNIST a=0.5 K=50 M=20 |\n"
-        "|---|---:|---:|\n"
-        "| FedAvg | 50.00 | 70.12 |\n"
-        "| FedProx(0.01) | **61.83** | – |\n"
-        "| FedCME(0.01) | **61.83** | **72.50** |\n"
-    )
+    loss = f"- {LOW}: FedCME(0.01) vs FedProx(0.01): -0.50 ± 3.54 points, won 1 of 2 seeds, p = 0.874"
+    unproven = f"- {LOW}: FedCME(0.01) vs FedAvg: +2.00 ± 1.41 points, won 2 of 2 seeds, p = 0.295"
+    assert loss in text.split("Ahead on average")[0]
+    assert unproven in text.split("Ahead on average")[1]
+    assert f"- {HIGH}: FedCME(0.01) vs FedAvg: +2.38 points, won 1 of 1 seeds, p = –" in text
 
 
-def test_results_table_keeps_only_its_group():
-    # Prepare
-    entries = [*grid_entries(), metrics_entry("z-ablation", "FedCME w/o exchange", LOW_ALPHA, 0.9, group="ablation")]
+def test_where_fedcme_does_not_win_when_it_wins_everywhere_significantly():
+    entries = [metrics_entry(f"a{s}", "FedAvg", LOW, 0.5 + s / 100, s) for s in range(3)]
+    entries += [metrics_entry(f"c{s}", "FedCME(0.01)", LOW, 0.6 + s / 100 + (s == 1) / 1000, s) for s in range(3)]
 
-    # Execute
-    table = results_table(entries)
+    text = where_fedcme_does_not_win(entries)
 
-    # Assert
-    assert table == results_table(grid_entries())
+    assert text == "In every setting with both, the best FedCME variant is ahead of every other method on average.\n"
 
 
-def test_results_table_rejects_two_runs_of_one_cell():
-    # Prepare
-    entries = [*grid_entries(), metrics_entry("f-fedavg-again", "FedAvg", LOW_ALPHA, 0.4)]
+def test_ablation_entries_put_fedcme_references_first():
+    entries = [*grid_entries(), metrics_entry("z-ablation", "FedCME w/o exchange", LOW, 0.55, group="ablation")]
 
-    # Execute / Assert
-    with pytest.raises(ValueError, match="a-fedavg-low.*f-fedavg-again"):
-        results_table(entries)
+    methods = [(entry["method"], entry["setting"]) for entry in ablation_entries(entries)]
 
-
-def test_speed_table_in_table_iii_form():
-    # Prepare
-    entries = grid_entries()
-
-    # Execute
-    table = speed_table(entries, LOW_ALPHA)
-
-    # Assert
-    assert table == (
-        "| Method | 1/5 T | 2/5 T | 3/5 T | 4/5 T | T | rounds to target |\n"
-        "|---|---:|---:|---:|---:|---:|---:|\n"
-        "| FedAvg | 20.00 | 35.00 | 42.00 | 48.00 | 50.00 | – |\n"
-        "| FedProx(0.01) | 30.00 | 45.00 | 55.00 | 60.00 | **62.00** | 8 |\n"
-        "| FedCME(0.01) | **35.00** | **50.00** | **58.00** | **61.00** | **62.00** | **7** |\n"
-    )
+    assert methods == [("FedCME(0.01)", LOW), ("FedCME(0.01)", LOW), ("FedCME w/o exchange", LOW)]
 
 
-def test_speed_table_without_any_target_reached_has_no_bold_rounds():
-    # Prepare
-    entries = [
-        metrics_entry("a", "FedAvg", LOW_ALPHA, 0.5),
-        metrics_entry("b", "FedCME(0.01)", LOW_ALPHA, 0.5),
-    ]
+def test_summary_csv_has_one_row_per_experiment_with_the_named_columns():
+    rows = list(csv.DictReader(io.StringIO(summary_csv(grid_entries(), "default"))))
 
-    # Execute
-    table = speed_table(entries, LOW_ALPHA)
-
-    # Assert
-    assert table.splitlines()[2] == "| FedAvg | **50.00** | **50.00** | **50.00** | **50.00** | **50.00** | – |"
-    assert table.splitlines()[3].endswith("| **50.00** | – |")
+    assert tuple(rows[0]) == CSV_COLUMNS
+    assert len(rows) == 8
+    first = rows[0]
+    assert (first["grid"], first["method"], first["label"], first["seed"]) == ("default", "fedavg", "FedAvg", "0")
+    assert float(first["final_accuracy"]) == 0.5 and float(first["accuracy_at_2T5"]) == 0.35
+    assert (first["alpha"], first["num_clients"], first["clients_per_round"], first["rounds"]) == ("0.1", "50", "20", "10")
 
 
-def test_ablation_table_puts_fedcme_references_beside_ablations():
-    # Prepare
-    entries = [*grid_entries(), metrics_entry("z-ablation", "FedCME w/o exchange", LOW_ALPHA, 0.55, group="ablation")]
+def test_seed_band_is_mean_min_max_on_common_rounds():
+    rounds, mean, low, high = seed_band([([1, 2, 3], [0.1, 0.2, 0.3]), ([1, 2], [0.3, 0.4])])
 
-    # Execute
-    table = ablation_table(entries)
-
-    # Assert
-    assert table == (
-        "| Method | FMNIST a=0.1 K=50 M=20 |\n"
-        "|---|---:|\n"
-        "| FedCME(0.01) | **61.83** |\n"
-        "| FedCME w/o exchange | 55.00 |\n"
-    )
+    assert rounds.tolist() == [1, 2]
+    assert mean == pytest.approx([0.2, 0.3]) and low.tolist() == [0.1, 0.2] and high.tolist() == [0.3, 0.4]
 
 
-def test_no_does_not_win_bullet_when_fedcme_wins_or_ties():
-    # Prepare
-    entries = grid_entries()
-
-    # Execute
-    bullets = settings_where_fedcme_does_not_win(entries)
-
-    # Assert
-    assert bullets == []
-
-
-def test_does_not_win_bullet_when_a_baseline_beats_every_fedcme_row():
-    # Prepare
-    entries = grid_entries()
-    entries[3]["final_accuracy"] = 0.73  # FedAvg in HIGH_ALPHA, above FedCME(0.01)'s 0.725
-
-    # Execute
-    bullets = settings_where_fedcme_does_not_win(entries)
-
-    # Assert
-    assert bullets == ["- FMNIST a=0.5 K=50 M=20: FedAvg 73.00 vs best FedCME, FedCME(0.01), 72.50"]
-
-
-def test_write_report_writes_markdown_and_png(tmp_path):
-    # Prepare
+# ------------------------------------------------------------------------------- the written report
+def test_write_report_writes_markdown_figures_and_csv(tmp_path):
     metrics = write_metrics_folder(tmp_path / "metrics", grid_entries())
-    markdown_path = tmp_path / "reports" / "results.md"
-    png_path = tmp_path / "reports" / "accuracy.png"
+    out = tmp_path / "reports"
 
-    # Execute
-    write_report(metrics, markdown_path, png_path)
+    write_report(metrics, out / "results.md", out / "accuracy.png", output_csv=out / "results.csv", grid="g")
 
-    # Assert
-    png = png_path.read_bytes()
-    assert png.startswith(b"\x89PNG")
-    assert len(png) > 10_000
-    markdown = markdown_path.read_text(encoding="utf-8")
+    markdown = (out / "results.md").read_text(encoding="utf-8")
     assert markdown.startswith("# FedCME results\n")
-    assert "## Final test accuracy (Table II form)\n\n" + results_table(grid_entries()) in markdown
-    assert f"## Accuracy at fractions of T: {LOW_ALPHA} (Table III form)" in markdown
-    assert f"## Accuracy at fractions of T: {HIGH_ALPHA} (Table III form)" in markdown
-    assert speed_table(grid_entries(), LOW_ALPHA) in markdown
+    assert "2 seeds (0, 1) in all" in markdown
+    assert "## Final test accuracy (Table II form)\n\n" + accuracy_table(grid_entries(), "final_accuracy") in markdown
+    assert speed_table(grid_entries(), LOW) in markdown and paired_table(grid_entries(), LOW) in markdown
     assert "![accuracy](accuracy.png)" in markdown
-    assert "mean test accuracy of the last 5 rounds" in markdown
-    assert "## Ablations" not in markdown
+    assert "## Ablations" not in markdown and "![matching]" not in markdown
     assert "## Where FedCME does not win" in markdown
-    assert not [line for line in markdown.splitlines() if line.startswith("- ")]
-    assert sorted(path.name for path in (tmp_path / "reports").iterdir()) == ["accuracy.png", "results.md"]
+    assert sorted(path.name for path in out.iterdir()) == [
+        "accuracy-ablation.png", "accuracy-matching.png", "accuracy.png", "results.csv", "results.md"]
+    assert (out / "results.csv").read_text(encoding="utf-8") == summary_csv(grid_entries(), "g")
+    for name in ("accuracy.png", "accuracy-ablation.png", "accuracy-matching.png"):
+        assert (out / name).read_bytes().startswith(b"\x89PNG")
 
 
-def test_write_report_lists_where_fedcme_does_not_win(tmp_path):
-    # Prepare
-    entries = grid_entries()
-    entries[3]["final_accuracy"] = 0.73
+def test_accuracy_figure_is_at_least_1200_px_per_panel(tmp_path):
+    metrics = write_metrics_folder(tmp_path / "metrics", grid_entries())
+
+    write_report(metrics, tmp_path / "results.md", tmp_path / "accuracy.png")
+
+    header = (tmp_path / "accuracy.png").read_bytes()[16:24]
+    width, height = int.from_bytes(header[:4], "big"), int.from_bytes(header[4:], "big")
+    assert width >= 2 * 1200 and height >= 800  # two settings side by side, legend outside
+
+
+def test_write_report_with_ablations_links_their_figure(tmp_path):
+    entries = [*grid_entries(), metrics_entry("z-ablation", "FedCME w/o exchange", LOW, 0.55, group="ablation")]
     metrics = write_metrics_folder(tmp_path / "metrics", entries)
 
-    # Execute
-    write_report(metrics, tmp_path / "results.md", tmp_path / "accuracy.png", title="Grid")
-
-    # Assert
-    markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
-    assert markdown.startswith("# Grid\n")
-    bullets = [line for line in markdown.splitlines() if line.startswith("- ")]
-    assert bullets == ["- FMNIST a=0.5 K=50 M=20: FedAvg 73.00 vs best FedCME, FedCME(0.01), 72.50"]
-
-
-def test_write_report_with_ablations_writes_and_links_their_figure(tmp_path):
-    # Prepare
-    entries = [*grid_entries(), metrics_entry("z-ablation", "FedCME w/o exchange", LOW_ALPHA, 0.55, group="ablation")]
-    metrics = write_metrics_folder(tmp_path / "metrics", entries)
-
-    # Execute
     write_report(metrics, tmp_path / "out" / "results.md", tmp_path / "out" / "accuracy.png")
 
-    # Assert
     markdown = (tmp_path / "out" / "results.md").read_text(encoding="utf-8")
-    assert "## Ablations\n" in markdown
-    assert ablation_table(entries) in markdown
-    assert "![ablation](accuracy-ablation.png)" in markdown
-    assert (tmp_path / "out" / "accuracy-ablation.png").read_bytes().startswith(b"\x89PNG")
+    assert "## Ablations\n" in markdown and "![ablation](accuracy-ablation.png)" in markdown
+    assert accuracy_table(ablation_entries(entries), "final_accuracy") in markdown
 
 
-def test_command_line_writes_the_report(tmp_path):
-    # Prepare
+def test_matching_picture_uses_the_first_fedcme_method_and_setting_over_its_seeds(tmp_path):
+    entries = grid_entries()
+    metrics = write_metrics_folder(tmp_path / "metrics", entries)
+    (metrics / "matching").mkdir()
+    by_name = {entry["experiment"]: entry for entry in entries}
+    for name, pairs in (("c-fedcme-low-s1", [[], [[0, 1]], [[2, 3]]]), ("c-fedcme-low-s0", [[], [[1, 2]], [[0, 3]]]),
+                        ("e-fedcme-high-s0", [[], [[0, 1]]]), ("a-fedavg-low-s0", [[], []])):
+        (metrics / "matching" / f"{name}.json").write_text(json.dumps(matching_record(by_name[name], pairs)))
+
+    runs = matching_runs(load_matching(metrics), entries)
+    write_report(metrics, tmp_path / "results.md", tmp_path / "accuracy.png")
+
+    assert [run["experiment"] for run in runs] == ["c-fedcme-low-s0", "c-fedcme-low-s1"]
+    markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert "## What the matching does" in markdown and "![matching](accuracy-matching.png)" in markdown
+    assert len((tmp_path / "accuracy-matching.png").read_bytes()) > 50_000
+
+
+def test_load_matching_names_a_record_without_its_rounds(tmp_path):
+    (tmp_path / "matching").mkdir()
+    (tmp_path / "matching" / "x.json").write_text(json.dumps({"experiment": "x", "method": "m", "setting": "s",
+                                                              "seed": 0, "class_counts": []}))
+
+    with pytest.raises(ValueError, match=r"x\.json: lacks the required key 'rounds'"):
+        load_matching(tmp_path)
+
+
+def test_command_line_writes_the_report_and_csv(tmp_path):
     metrics = write_metrics_folder(tmp_path / "metrics", grid_entries())
-    arguments = [
-        "--metrics", str(metrics),
-        "--markdown", str(tmp_path / "results.md"),
-        "--png", str(tmp_path / "accuracy.png"),
-        "--title", "CLI",
-    ]  # fmt: skip
+    arguments = ["--metrics", str(metrics), "--markdown", str(tmp_path / "results.md"),
+                 "--png", str(tmp_path / "accuracy.png"), "--csv", str(tmp_path / "r.csv"), "--grid", "niid-bench"]
 
-    # Execute
-    exit_code = main(arguments)
+    assert main(arguments) == 0
 
-    # Assert
-    assert exit_code == 0
-    assert (tmp_path / "results.md").read_text(encoding="utf-8").startswith("# CLI\n")
-    assert (tmp_path / "accuracy.png").is_file()
+    assert (tmp_path / "results.md").read_text(encoding="utf-8").startswith("# FedCME results: the niid-bench grid\n")
+    assert (tmp_path / "r.csv").read_text(encoding="utf-8").splitlines()[1].startswith("niid-bench,fedavg,FedAvg,")
 
 
+def test_command_line_names_a_bad_folder_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--metrics", str(tmp_path / "absent"), "--markdown", str(tmp_path / "r.md"), "--png", str(tmp_path / "a.png")])
+
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'absent'}: metrics folder not found\n"
+    assert not (tmp_path / "r.md").exists()
+
+
+# ------------------------------------------------------------------------------- reading metrics
 def test_load_metrics_reads_files_sorted_by_name(tmp_path):
-    # Prepare
     entries = grid_entries()
     write_metrics_folder(tmp_path, list(reversed(entries)))
 
-    # Execute
-    loaded = load_metrics(tmp_path)
-
-    # Assert
-    assert loaded == entries
+    assert load_metrics(tmp_path) == entries
 
 
 def test_load_metrics_names_a_file_that_is_not_json(tmp_path):
-    # Prepare
     write_metrics_folder(tmp_path, grid_entries())
     (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
 
-    # Execute / Assert
     with pytest.raises(ValueError, match="broken.json"):
         load_metrics(tmp_path)
 
 
-def test_load_metrics_names_the_file_and_the_missing_key(tmp_path):
-    # Prepare
-    entry = metrics_entry("no-method", "FedAvg", LOW_ALPHA, 0.5)
-    del entry["method"]
-    (tmp_path / "no-method.json").write_text(json.dumps(entry), encoding="utf-8")
+@pytest.mark.parametrize("key", ["method", "seed"])
+def test_load_metrics_names_the_file_and_the_missing_key(tmp_path, key):
+    entry = metrics_entry("incomplete", "FedAvg", LOW, 0.5)
+    del entry[key]
+    (tmp_path / "incomplete.json").write_text(json.dumps(entry), encoding="utf-8")
 
-    # Execute / Assert
-    with pytest.raises(ValueError, match=r"no-method\.json.*'method'"):
+    with pytest.raises(ValueError, match=rf"incomplete\.json.*'{key}'"):
         load_metrics(tmp_path)
 
 
 def test_load_metrics_names_an_edited_file_by_its_content_hash(tmp_path):
-    entry = with_content_hash(metrics_entry("edited", "FedAvg", LOW_ALPHA, 0.5))
+    entry = with_content_hash(metrics_entry("edited", "FedAvg", LOW, 0.5))
     (tmp_path / "intact.json").write_text(json.dumps(entry), encoding="utf-8")
     assert load_metrics(tmp_path) == [entry]
 

@@ -1,0 +1,139 @@
+"""Statistics over seeds for the results report: mean ± std, paired differences, the summary CSV.
+
+A grid trains every (method, setting) over ``grid.seeds``; within one seed all methods share the
+partition and the initial model (both derive from the seed), so two methods are compared seed by
+seed: the paired difference d_s = acc_A(s) - acc_B(s), its mean and sample std, the number of
+seeds where A wins, and the paired t-test p-value (two-sided, n - 1 degrees of freedom).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scipy import stats
+
+REFERENCE_METHOD = "FedAvg"
+CSV_COLUMNS = (
+    "grid", "method", "label", "dataset", "alpha", "num_clients", "clients_per_round", "local_epochs", "rounds",
+    "seed", "final_accuracy", "best_accuracy", "accuracy_at_2T5",
+)
+
+
+@dataclass(frozen=True)
+class SeedStats:
+    """One (method, setting) cell over its seeds: the values by seed, their mean, std (n - 1) and n."""
+
+    by_seed: Mapping[int, float]
+
+    @property
+    def n(self) -> int:
+        return len(self.by_seed)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.by_seed.values())
+
+    @property
+    def std(self) -> float | None:
+        """The sample standard deviation; None for a single seed."""
+        return statistics.stdev(self.by_seed.values()) if self.n >= 2 else None
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """A - B over the seeds both ran: mean and std of d_s, wins (d_s > 0), losses (d_s < 0), p."""
+
+    differences: Mapping[int, float]
+
+    @property
+    def n(self) -> int:
+        return len(self.differences)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.differences.values())
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.differences.values()) if self.n >= 2 else None
+
+    @property
+    def wins(self) -> int:
+        return sum(value > 0 for value in self.differences.values())
+
+    @property
+    def losses(self) -> int:
+        return sum(value < 0 for value in self.differences.values())
+
+    @property
+    def p_value(self) -> float | None:
+        """Paired t-test p-value; None with fewer than 2 seeds or when every d_s is the same."""
+        if self.n < 2 or self.std == 0.0:
+            return None
+        values = list(self.differences.values())
+        p_value = float(stats.ttest_1samp(values, 0.0).pvalue)
+        return None if math.isnan(p_value) else p_value
+
+
+def value_of(entry: Mapping[str, Any], key: str) -> float | None:
+    """entry[key], where `key` may be ``accuracy_at/2/5`` for a nested fraction."""
+    if key.startswith("accuracy_at/"):
+        value = entry["accuracy_at"].get(key.removeprefix("accuracy_at/"))
+    else:
+        value = entry.get(key)
+    return None if value is None else float(value)
+
+
+def cells_by_seed(entries: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[int, Mapping[str, Any]]]:
+    """{(method, setting): {seed: entry}}; two experiments of one cell and seed raise ValueError naming both."""
+    cells: dict[tuple[str, str], dict[int, Mapping[str, Any]]] = {}
+    for entry in entries:
+        seeds = cells.setdefault((entry["method"], entry["setting"]), {})
+        seed = int(entry["seed"])
+        if seed in seeds:
+            raise ValueError(
+                f"experiments {seeds[seed]['experiment']!r} and {entry['experiment']!r} are both method "
+                f"{entry['method']!r} in setting {entry['setting']!r} with seed {seed} (group {entry['group']!r})"
+            )
+        seeds[seed] = entry
+    return cells
+
+
+def seed_stats(by_seed: Mapping[int, Mapping[str, Any]], key: str) -> SeedStats | None:
+    """The statistics of `key` over the seeds of one cell (seeds without a value left out)."""
+    values = {seed: value_of(entry, key) for seed, entry in sorted(by_seed.items())}
+    present = {seed: value for seed, value in values.items() if value is not None}
+    return SeedStats(present) if present else None
+
+
+def paired_difference(a: SeedStats, b: SeedStats) -> PairedDifference | None:
+    """A - B over the seeds both have; None when they share none."""
+    common = sorted(set(a.by_seed) & set(b.by_seed))
+    if not common:
+        return None
+    return PairedDifference({seed: a.by_seed[seed] - b.by_seed[seed] for seed in common})
+
+
+def summary_csv(entries: Sequence[Mapping[str, Any]], grid: str) -> str:
+    """The grid's machine-readable summary: one row per experiment (CSV_COLUMNS), accuracies as fractions.
+
+    ``final_accuracy`` is the mean of the last rounds (the metrics' ``final_window``),
+    ``accuracy_at_2T5`` the accuracy after round ceil(2T/5).
+    """
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for entry in sorted(entries, key=lambda entry: entry["experiment"]):
+        writer.writerow([
+            grid, entry["method_name"], entry["method"], entry["dataset"], entry["alpha"], entry["num_clients"],
+            entry["clients_per_round"], entry["local_epochs"], entry["rounds"], entry["seed"],
+            repr(float(entry["final_accuracy"])), repr(float(entry["best_accuracy"])),
+            repr(float(entry["accuracy_at"]["2/5"])),
+        ])
+    return buffer.getvalue()
