@@ -36,7 +36,7 @@ $(STAMP): requirements.txt pyproject.toml
 
 run: install
 	test -d .dvc || $(VENV)/bin/dvc init --quiet
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/dvc repro
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m flows.repro
 	@echo "Report:       reports/results.md and reports/accuracy.png"
 	@echo "Compare runs: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1  (http://127.0.0.1:5000)"
 	@echo "Prefect UI:   $(VENV)/bin/prefect server start --host 127.0.0.1  (http://127.0.0.1:4200; see README)"

@@ -87,23 +87,21 @@ def simulate(arguments: argparse.Namespace) -> int:
 def train(arguments: argparse.Namespace) -> int:
     from fedcme_core.config import load_config
 
-    from .prefect_server import startup_timeout, temporary_prefect_server
+    from .prefect_server import run_against_prefect
 
     # The config (a whole params file, grid included) is validated first (0.3 s, no torch), so a
     # typo starts nothing. With no Prefect API configured, Prefect's temporary server starts next
     # and boots on the other core while this process imports torch, MLflow and the flow below.
     load_config(arguments.config, overrides=dict(arguments.overrides))
-    with temporary_prefect_server() as server:
+
+    def action(ready: Callable[[], None]) -> dict[str, Any]:
         from fedcme_core.federation import check_experiment_name
 
         from .train import run_training
 
         check_experiment_name(arguments.experiment)
-        if server is not None:
-            print("Prefect: no PREFECT_API_URL set, so this run uses a temporary Prefect server "
-                  "(records kept in $PREFECT_HOME/prefect.db; see the README for the UI)", flush=True)
-            server.wait_ready(startup_timeout())
-        summary = run_training(
+        ready()
+        return run_training(
             arguments.config,
             arguments.experiment,
             overrides=dict(arguments.overrides),
@@ -111,6 +109,8 @@ def train(arguments: argparse.Namespace) -> int:
             tracking_uri=arguments.tracking_uri,
             partition_file=arguments.partition,
         )
+
+    summary = run_against_prefect(action, "this run")
     print(json.dumps(summary))
     return 0
 

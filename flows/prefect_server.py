@@ -20,14 +20,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import OrchestratorError
 
 # Prefect's SubprocessASGIServer: the server app without UI and with ephemeral-mode services.
 SERVER_ENVIRONMENT = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
 
+T = TypeVar("T")
 _running: list[TemporaryServer] = []  # the server of the active `temporary_prefect_server` block
 
 
@@ -104,6 +106,24 @@ def temporary_prefect_server() -> Iterator[TemporaryServer | None]:
             os.environ.pop("PREFECT_API_URL", None)
         else:
             os.environ["PREFECT_API_URL"] = previous_url
+
+
+def run_against_prefect(action: Callable[[Callable[[], None]], T], purpose: str) -> T:
+    """`action(ready)` against the configured Prefect API, else against a temporary server started first.
+
+    `action` does its slow imports, then calls `ready()` before its first API call: with a
+    temporary server, that says so in one line (naming `purpose`) and waits until the server,
+    booting on the other core meanwhile, answers. The server stops when `action` returns.
+    """
+    with temporary_prefect_server() as server:
+
+        def ready() -> None:
+            if server is not None:
+                print(f"Prefect: no PREFECT_API_URL set, so {purpose} uses a temporary Prefect server "
+                      "(records kept in $PREFECT_HOME/prefect.db; see the README for the UI)", flush=True)
+                server.wait_ready(startup_timeout())
+
+        return action(ready)
 
 
 def is_temporary(api_url: str | None) -> bool:
@@ -185,8 +205,11 @@ def _launch(port: int) -> subprocess.Popen:
     environment = {
         **os.environ, **SERVER_ENVIRONMENT, **get_current_settings().to_environment_variables(exclude_unset=True),
     }
+    # A session of its own: a Ctrl-C (or a signal to the command's process group) reaches the
+    # command, which then reports its flow run's end to a server still up, and stops it after.
     return subprocess.Popen(  # noqa: PLW1509 - launched from the main thread, see stop_with_parent
-        server_command(port), env=environment, preexec_fn=functools.partial(stop_with_parent, os.getpid())
+        server_command(port), env=environment, start_new_session=True,
+        preexec_fn=functools.partial(stop_with_parent, os.getpid()),
     )
 
 

@@ -138,13 +138,16 @@ def report_markdown(
     *,
     title: str,
     links: Mapping[str, str],
+    note: str | None = None,
 ) -> str:
-    """The report's Markdown text; `links` holds the figures' relative paths (accuracy, ablation, matching)."""
+    """The report's Markdown text; `links` holds the figures' relative paths (accuracy, ablation, matching),
+    `note` an opening paragraph (where the runs come from)."""
     main_entries = [entry for entry in entries if entry["group"] == "main"]
     fractions = unique_in_order([key for entry in main_entries for key in entry["accuracy_at"]])
     fraction_text = ", ".join(fraction_column_name(key) for key in fractions) or "fractions of T"
     parts = [
         f"# {title}\n",
+        *([f"{note.strip()}\n"] if note else []),
         (
             f"Each cell: mean ± sample std over seeds, (n) = the number of seeds; {seeds_description(entries)} "
             f"in all. Within a seed, every method trains on the same partition from the same initial model, "
@@ -204,6 +207,7 @@ def write_report(
     title: str = "FedCME results",
     output_csv: Path | None = None,
     grid: str = "default",
+    note: str | None = None,
 ) -> None:
     """Write the Markdown report, its figures and (with `output_csv`) the grid's summary CSV, each atomically.
 
@@ -231,7 +235,7 @@ def write_report(
     # Every figure the pipeline declares is written; one with nothing to draw says so.
     writes.setdefault(figure_path(output_png, "ablation"), empty_png("no ablation runs in this grid"))
     writes.setdefault(figure_path(output_png, "matching"), empty_png("no FedCME run matched clients in this grid"))
-    writes[output_markdown] = report_markdown(entries, title=title, links=links).encode("utf-8")
+    writes[output_markdown] = report_markdown(entries, title=title, links=links, note=note).encode("utf-8")
     if output_csv is not None:
         writes[Path(output_csv)] = summary_csv(entries, grid).encode("utf-8")
     for path, content in writes.items():
@@ -247,11 +251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, default=None, help="summary CSV to write (one row per experiment)")
     parser.add_argument("--grid", default="default", help="the grid's name, the CSV's first column")
     parser.add_argument("--title", default=None, help="the report's title (default: from --grid)")
+    parser.add_argument("--note", default=None, help="an opening paragraph: where the runs come from")
     arguments = parser.parse_args(argv)
     title = arguments.title or f"FedCME results: the {arguments.grid} grid"
     try:
         write_report(arguments.metrics, arguments.markdown, arguments.png, title=title,
-                     output_csv=arguments.csv, grid=arguments.grid)
+                     output_csv=arguments.csv, grid=arguments.grid, note=arguments.note)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     print(f"wrote {arguments.markdown} and {arguments.png}" + (f" and {arguments.csv}" if arguments.csv else ""))

@@ -127,14 +127,15 @@ def train(arguments: argparse.Namespace, params: ParamsFile) -> None:
 
     With no Prefect API configured, the stage starts its temporary Prefect server first (as
     `fedcme train` does), and that server dies with the stage."""
-    from .prefect_server import startup_timeout, temporary_prefect_server
+    from .prefect_server import run_against_prefect
 
-    with temporary_prefect_server() as server:
+    def action(ready) -> None:
         from .train import run_training
 
-        if server is not None:
-            server.wait_ready(startup_timeout())
+        ready()
         train_cell(arguments, params, run_training)
+
+    run_against_prefect(action, "this stage")
 
 
 def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) -> None:

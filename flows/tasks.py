@@ -5,6 +5,7 @@ and returns small plain data; models travel as checkpoint files in the run direc
 task can run in a thread, in a Dask worker process or on another machine sharing the run
 directory. Inputs are never hashed (``cache_policy=NONE``: they are configs and paths whose
 files change underneath) and results are not persisted (the run directory is the record).
+Task runs are named by step, round (1-based), client and phase (`local-train r3 c17 p1`).
 Local training is one task per client per phase by default (``runner.client_tasks: client``: 2M
 tasks a round, each client its own line in the UI), or one task per worker per phase (``worker``:
 the phase's clients packed by size into near-equal groups, 2 x workers tasks a round).
@@ -12,6 +13,7 @@ the phase's clients packed by size into near-equal groups, 2 x workers tasks a r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +27,33 @@ from fedcme_core.faults import StepFailure
 TASK_OPTIONS = {"cache_policy": NONE, "persist_result": False}
 
 
+def run_name(step: str) -> Callable[[], str]:
+    """The task-run name: the step, its round as the console counts it (1-based), and for local
+    training the client and phase, e.g. ``local-train r3 c17 p1``, so a slow client is found in the UI."""
+
+    def name() -> str:
+        from prefect.runtime import task_run
+
+        parameters = task_run.parameters
+        if "steps" in parameters:  # one task per worker: (run_dir, round, client, phase, start) each
+            steps = parameters["steps"]
+            clients = ",".join(str(client) for _, _, client, _, _ in steps)
+            return f"{step} r{steps[0][1] + 1} p{steps[0][3] + 1} c{clients}" if steps else step
+        parts = [step]
+        if "round_index" in parameters:
+            parts.append(f"r{parameters['round_index'] + 1}")
+        if "client_id" in parameters:
+            parts += [f"c{parameters['client_id']}", f"p{parameters['phase_index'] + 1}"]
+        return " ".join(parts)
+
+    return name
+
+
+def step_task(step: str):
+    """@task with the project's options and the step's run name."""
+    return task(name=step, task_run_name=run_name(step), **TASK_OPTIONS)
+
+
 def worker_layout(runner: RunnerConfig) -> tuple[int, int]:
     """(parallel client trainings, torch threads each), so that workers x threads <= cores by default."""
     cores = federation.available_cores()
@@ -33,23 +62,23 @@ def worker_layout(runner: RunnerConfig) -> tuple[int, int]:
     return workers, threads
 
 
-@task(name="prepare", **TASK_OPTIONS)
+@step_task("prepare")
 def prepare_task(config: ExperimentConfig, run_dir: str, partition_file: str | None) -> int:
     """Create or reopen the run directory; returns the number of rounds already completed."""
     return federation.prepare_run(config, run_dir, partition_file)
 
 
-@task(name="select", **TASK_OPTIONS)
+@step_task("select")
 def select_task(config: ExperimentConfig, round_index: int) -> list[int]:
     return federation.select_step(config, round_index)
 
 
-@task(name="match", **TASK_OPTIONS)
+@step_task("match")
 def match_task(config: ExperimentConfig, run_dir: str, round_index: int, selected: list[int]) -> dict[str, Any]:
     return federation.match_step(config, run_dir, round_index, selected)
 
 
-@task(name="local-train", **TASK_OPTIONS)
+@step_task("local-train")
 def train_phase_task(
     config: ExperimentConfig,
     run_dir: str,
@@ -63,7 +92,7 @@ def train_phase_task(
     return federation.train_phase_step(config, run_dir, round_index, client_id, phase_index, start_checkpoint)
 
 
-@task(name="local-train-group", **TASK_OPTIONS)
+@step_task("local-train-group")
 def train_phase_group_task(
     config: ExperimentConfig, steps: list[tuple], torch_threads: int, retries: int
 ) -> list[dict[str, Any] | StepFailure]:
@@ -73,24 +102,24 @@ def train_phase_group_task(
     return [federation.with_retries(federation.train_phase_step, (config, *step), retries) for step in steps]
 
 
-@task(name="exchange", **TASK_OPTIONS)
+@step_task("exchange")
 def exchange_task(config: ExperimentConfig, run_dir: str, round_index: int, donors: dict[int, int]) -> dict[int, str]:
     return federation.exchange_step(config, run_dir, round_index, donors)
 
 
-@task(name="aggregate", **TASK_OPTIONS)
+@step_task("aggregate")
 def aggregate_task(
     config: ExperimentConfig, run_dir: str, round_index: int, clients: list[int], lost: dict[int, str]
 ) -> dict[str, Any]:
     return federation.aggregate_step(config, run_dir, round_index, clients, lost)
 
 
-@task(name="evaluate", **TASK_OPTIONS)
+@step_task("evaluate")
 def evaluate_task(config: ExperimentConfig, run_dir: str, round_index: int) -> dict[str, Any]:
     return federation.evaluate_step(config, run_dir, round_index)
 
 
-@task(name="commit", **TASK_OPTIONS)
+@step_task("commit")
 def commit_task(config: ExperimentConfig, run_dir: str, round_index: int, record: dict[str, Any]) -> dict[str, Any]:
     return federation.commit_round(config, run_dir, round_index, record)
 

@@ -58,6 +58,9 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
     # prepare; per round 6 steps + 2 phases x 2 worker tasks (runner.client_tasks: worker)
     assert summary["prefect_task_runs"] == 1 + 2 * 10
     assert wait_for_task_run_records(summary["prefect_flow_run_id"], 21) == 21
+    groups = [name for name in task_run_names(summary["prefect_flow_run_id"]) if name.startswith("local-train-group")]
+    assert [name.split(" c")[0] for name in groups] == sorted(f"local-train-group r{r} p{p}" for r in (1, 2)
+                                                              for p in (1, 2) for _ in range(2))
     artifacts = [item.path for item in client.list_artifacts(run.info.run_id, "matching")]
     assert artifacts == ["matching/round-0000.json", "matching/round-0001.json"]
     matching = json.loads(Path(client.download_artifacts(run.info.run_id, artifacts[1], str(tmp_path))).read_text())
@@ -73,11 +76,30 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
     assert np.isclose(client.get_metric_history(run.info.run_id, "test_accuracy")[-1].value, accuracy)
 
 
+def task_run_names(flow_run_id: str) -> list[str]:
+    """The names of a flow run's task runs, read back through Prefect's client API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return sorted(run.name for run in runs)
+
+
 def test_phase_two_checkpoints_hold_the_counterparts_classifier(tmp_path):
     summary, _ = train(tmp_path, "barrier", **{"runner.keep_round_files": True, "runner.workers": 2})
 
     paths = RunPaths(Path(summary["run_dir"]))
     history = load_server_state(paths.root, 2)["history"]
+    # The UI names each task run by step, round (1-based, as the console), client and phase.
+    wait_for_task_run_records(summary["prefect_flow_run_id"], summary["prefect_task_runs"])
+    names = task_run_names(summary["prefect_flow_run_id"])
+    expected = [f"local-train r{record['round'] + 1} c{client} p{phase}"
+                for record in history for client in record["selected"] for phase in (1, 2)]
+    assert [name for name in names if name.startswith("local-train")] == sorted(expected)
+    steps = ("select", "match", "exchange", "aggregate", "evaluate", "commit")
+    assert [name for name in names if not name.startswith("local-train")] == sorted(
+        ["prepare", *(f"{step} r{round_number}" for step in steps for round_number in (1, 2))])
     checked = 0
     for record in history:
         for first, second in record["pairs"]:

@@ -1,5 +1,5 @@
 """No process outlives `fedcme train`: SIGKILLed at any moment, it leaves no Prefect server or
-Dask worker behind.
+Dask worker behind; a Ctrl-C or SIGTERM to its process group stops it within seconds.
 
 Each command runs with a token in its environment, which every process it starts inherits; after
 the kill the process table (/proc) must hold no process with that token. The moments are found
@@ -47,6 +47,7 @@ class Command:
             [sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--experiment", "killed",
              "--runs-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
             cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # its own process group, as a terminal's foreground job has
         )
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -136,3 +137,22 @@ def test_no_process_outlives_a_killed_train(tmp_path, timeline, moment):
         if killed:
             return
     pytest.fail(f"the command always exited before its {moment} moment")
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_to_the_whole_process_group_stops_train_within_seconds(tmp_path, signal_number):
+    # Ctrl-C signals the terminal's whole foreground group: the command and, unless it has a
+    # session of its own, its Prefect server, after which the command's last state report would
+    # retry against a dead server for minutes. The command stops within seconds and leaves nothing.
+    command = Command(tmp_path)
+    try:
+        command.wait_for(lambda: command.saw("round    1/"))
+        signalled = time.monotonic()
+        os.killpg(command.process.pid, signal_number)
+        status = command.process.wait(timeout=60)
+        stopped_after = time.monotonic() - signalled
+        assert wait_until_none_left(command.token, timeout=30) == []
+    finally:
+        kill_all(command.token)
+    assert status != 0 and not command.saw(LAST_ROUND)
+    assert stopped_after < 20, f"{stopped_after:.1f} s to stop after the signal:\n{command.output()}"

@@ -6,14 +6,17 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from .conftest import REPO_ROOT
 from .helpers import copy_repository
+from .processes import wait_until_none_left
 
 EXPERIMENTS = ["fmnist-a0.5-k100m2-fedavg-s0", "fmnist-a0.5-k100m2-fedcme-mu001-s0", "fmnist-a0.5-k100m2-fedcme-no-exchange-s0"]
 PARTITION = Path("data/partitions/fmnist-a0.5-k100-s0")
@@ -126,3 +129,60 @@ def test_partition_output_is_byte_identical_across_runs(pipeline):
 
     after = {name: (workdir / PARTITION / name).read_bytes() for name in before}
     assert after == before
+
+
+def repro_checkout(tmp_path: Path, mirror: Path) -> tuple[Path, dict]:
+    """A copy of the repository with the smoke grid, and an environment with no Prefect API configured."""
+    workdir = tmp_path / "repo"
+    workdir.mkdir()
+    copy_repository(REPO_ROOT, workdir, REPO_ROOT / "configs" / "params-smoke.yaml")
+    environment = {
+        key: value for key, value in os.environ.items() if not key.startswith("PREFECT_API")
+    } | {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "FEDCME_DATA_MIRROR": str(mirror),
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
+        "DVC_NO_ANALYTICS": "1",
+    }
+    run(["git", "init", "-q"], workdir, environment)
+    run(["dvc", "init", "-q", "-f"], workdir, environment)
+    return workdir, environment
+
+
+def test_make_runs_repro_starts_one_prefect_server_for_every_stage(tmp_path, mirror):
+    # `make run` runs `python -m flows.repro`: with no Prefect API configured, one temporary server
+    # serves every stage (none starts its own), and nothing outlives the command.
+    workdir, environment = repro_checkout(tmp_path, mirror)
+    stage = "train@fedavg-fmnist-0.5-clients0-0"
+
+    output = run([sys.executable, "-m", "flows.repro", stage], workdir, environment)
+
+    assert stages_run(output) == ["prepare@fmnist", "partition@fmnist-0.5-clients0-0", stage]
+    assert output.count("uses a temporary Prefect server") == 1
+    assert "so the whole grid (every stage) uses a temporary Prefect server" in output
+    assert (workdir / "metrics" / f"{EXPERIMENTS[0]}.json").is_file()
+    assert wait_until_none_left(f"PREFECT_HOME={tmp_path / 'prefect-home'}", timeout=30) == []
+
+
+def test_ctrl_c_stops_repro_its_stage_and_its_server_within_seconds(tmp_path, mirror):
+    # Ctrl-C signals the whole foreground group (flows.repro, dvc, the train stage); the server,
+    # in a session of its own, stays up until the stage has recorded its end, then stops.
+    workdir, environment = repro_checkout(tmp_path, mirror)
+    process = subprocess.Popen([sys.executable, "-m", "flows.repro"], cwd=workdir, env=environment, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    lines: list[str] = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("round    1/"):
+            break
+    assert lines and lines[-1].startswith("round    1/"), "".join(lines)
+    signalled = time.monotonic()
+
+    os.killpg(process.pid, signal.SIGINT)
+    rest = process.communicate(timeout=120)[0]
+
+    assert time.monotonic() - signalled < 30, rest
+    assert process.returncode != 0
+    assert wait_until_none_left(f"PREFECT_HOME={tmp_path / 'prefect-home'}", timeout=30) == []
+    assert "Connection refused" not in rest  # the stage reported to a server that was still up

@@ -1,0 +1,91 @@
+"""`dvc repro` with one Prefect server for the whole grid.
+
+    python -m flows.repro [DVC REPRO ARGUMENTS ...]      (what `make run` runs)
+
+Each train stage is its own `fedcme train`-like process. With no Prefect API configured, each
+would start and stop a temporary Prefect server of its own: seconds per experiment, and its
+records gone with it. Here one temporary server (:mod:`flows.prefect_server`) starts first, and
+`dvc repro` and every stage it runs inherit its ``PREFECT_API_URL``; the server stops, and dies,
+with this command. A Ctrl-C or SIGTERM stops dvc and the running stage first (the stage records
+its flow run's end on the server), then the server. With an API URL already configured, this is
+plain `dvc repro`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+STAGE_STOP_SECONDS = 60
+
+
+def interrupt_group(signal_number, frame) -> None:
+    """SIGTERM: pass it to dvc and its stage (this process group), then stop as on Ctrl-C."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(os.getpgrp(), signal.SIGTERM)
+    raise KeyboardInterrupt
+
+
+def descendants_in_session() -> list[int]:
+    """The live processes this command started, directly or not, in its own session (dvc and its
+    stages; not the Prefect server, which has a session of its own). Linux /proc."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == os.getsid(0):
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [os.getpid()]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found += children
+        frontier += children
+    return found
+
+
+def stop_within(process: subprocess.Popen, seconds: float) -> None:
+    """Wait until `process` and every process under it have ended; SIGKILL what is left after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while (process.poll() is None or descendants_in_session()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in descendants_in_session():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .cli import quiet_environment, report_errors
+    from .prefect_server import run_against_prefect
+
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    quiet_environment()
+
+    def repro(ready) -> int:
+        ready()
+        process = subprocess.Popen(["dvc", "repro", *arguments])
+        try:
+            return process.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reached dvc and its stage too (one process group): the stage reports its flow
+            # run's end to the server, so the server stops only after they have exited.
+            stop_within(process, STAGE_STOP_SECONDS)
+            raise
+
+    # A SIGTERM to this command stops the grid the way a Ctrl-C does.
+    signal.signal(signal.SIGTERM, interrupt_group)
+
+    return report_errors(lambda: run_against_prefect(repro, "the whole grid (every stage)"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

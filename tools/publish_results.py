@@ -1,0 +1,57 @@
+"""Commit-ready results of a grid: its experiments' metrics under docs/results/<grid>/, and the report.
+
+    python tools/publish_results.py --grid default [--metrics metrics] [--note "make run from a fresh clone ..."]
+
+Copies every finished experiment of the metrics folder (``<exp>.json``, ``<exp>.csv`` and
+``matching/<exp>.json``) into ``docs/results/<grid>/``, keeping those already there (so a
+campaign publishes run by run), then writes from that folder ``docs/results-<grid>.md``, its
+figures ``docs/results-<grid>*.png`` and ``docs/results/<grid>.csv``. A later checkout rebuilds
+the same report from the committed folder without retraining.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flows.report import load_metrics, write_report  # noqa: E402
+
+DOCS = Path("docs")
+
+
+def publish(grid: str, metrics: Path, note: str | None) -> list[str]:
+    target = DOCS / "results" / grid
+    (target / "matching").mkdir(parents=True, exist_ok=True)
+    copied = []
+    for entry in load_metrics(metrics):  # validated (content hash, keys) before anything is copied
+        name = entry["experiment"]
+        for relative in (f"{name}.json", f"{name}.csv", f"matching/{name}.json"):
+            if (metrics / relative).is_file():
+                shutil.copy2(metrics / relative, target / relative)
+        copied.append(name)
+    write_report(target, DOCS / f"results-{grid}.md", DOCS / f"results-{grid}.png",
+                 title=f"FedCME results: the {grid} grid", output_csv=DOCS / "results" / f"{grid}.csv",
+                 grid=grid, note=note)
+    return copied
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tools/publish_results.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", required=True, help="the grid's name (report.name of its params file)")
+    parser.add_argument("--metrics", type=Path, default=Path("metrics"))
+    parser.add_argument("--note", default=None, help="the report's opening paragraph: command, commit, date, wall time")
+    arguments = parser.parse_args(argv)
+    try:
+        copied = publish(arguments.grid, arguments.metrics, arguments.note)
+    except ValueError as error:
+        parser.exit(2, f"error: {error}\n")
+    print(f"published {len(copied)} experiments to docs/results/{arguments.grid}/ and docs/results-{arguments.grid}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
