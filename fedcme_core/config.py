@@ -292,11 +292,30 @@ def read_yaml(path: str | Path) -> Any:
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: cannot read config file ({error})") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
+        problem = f": {error.problem}" if isinstance(error, DuplicateKeyError) else ""
+        raise ConfigError(f"{path}: not valid YAML{where}{problem}") from None
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    pass
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error (as DVC's reader has
+    it), not silently the last value."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise DuplicateKeyError(None, None, f"key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_config(

@@ -85,6 +85,12 @@ class GridSection(_Section):
         return {cell[1:] for cell in self.cells()}
 
 
+class AblationSection(GridSection):
+    """`ablation`: a grid of its own on settings of `grid`; its method list may be empty (no ablation runs)."""
+
+    methods: list[str] = Field(default_factory=list)
+
+
 class ReportSection(_Section):
     name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9-]*$", description="the grid's name (docs/results/<name>.csv)")
     target_accuracy: float | None = Field(None, gt=0, le=1)
@@ -97,7 +103,7 @@ class ParamsFile(_Section):
     methods: dict[str, MethodEntry] = Field(min_length=1)
     datasets: dict[Dataset, ModelConfig] = {}
     grid: GridSection
-    ablation: GridSection | None = None
+    ablation: AblationSection | None = None
     report: ReportSection = ReportSection()
 
     @model_validator(mode="after")

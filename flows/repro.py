@@ -6,8 +6,9 @@ Each train stage is its own `fedcme train`-like process. With no Prefect API con
 would start and stop a temporary Prefect server of its own: seconds per experiment, and its
 records gone with it. Here one temporary server (:mod:`flows.prefect_server`) starts first, and
 `dvc repro` and every stage it runs inherit its ``PREFECT_API_URL``; the server stops, and dies,
-with this command. A Ctrl-C or SIGTERM stops dvc and the running stage first (the stage records
-its flow run's end on the server), then the server. With an API URL already configured, this is
+with this command. A Ctrl-C or SIGTERM stops dvc and the running stage first (a SIGTERM to their
+process group: a background launch may ignore SIGINT, none ignores SIGTERM; the stage records its
+flow run's end on the server), then the server. With an API URL already configured, this is
 plain `dvc repro`.
 """
 
@@ -26,10 +27,8 @@ from pathlib import Path
 STAGE_STOP_SECONDS = 60
 
 
-def interrupt_group(signal_number, frame) -> None:
-    """SIGTERM: pass it to dvc and its stage (this process group), then stop as on Ctrl-C."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.killpg(os.getpgrp(), signal.SIGTERM)
+def interrupt(signal_number, frame) -> None:
+    """SIGTERM: stop the grid as a Ctrl-C does."""
     raise KeyboardInterrupt
 
 
@@ -72,17 +71,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def repro(ready) -> int:
         ready()
-        process = subprocess.Popen(["dvc", "repro", *arguments])
+        # dvc and its stages in a process group of their own, so that stopping them reaches
+        # exactly them (not a script that started this command).
+        process = subprocess.Popen(["dvc", "repro", *arguments], process_group=0)
         try:
             return process.wait()
         except KeyboardInterrupt:
-            # Ctrl-C reached dvc and its stage too (one process group): the stage reports its flow
-            # run's end to the server, so the server stops only after they have exited.
+            # The stage reports its flow run's end to the server, which stops only after it has exited.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
             stop_within(process, STAGE_STOP_SECONDS)
             raise
 
-    # A SIGTERM to this command stops the grid the way a Ctrl-C does.
-    signal.signal(signal.SIGTERM, interrupt_group)
+    signal.signal(signal.SIGTERM, interrupt)
 
     return report_errors(lambda: run_against_prefect(repro, "the whole grid (every stage)"))
 

@@ -83,16 +83,18 @@ def write_variant(tmp_path: Path, old: str, new: str) -> Path:
 
 @pytest.mark.parametrize(("old", "new", "message"), [
     ("\ngrid:", "\ngird:", "grid: missing; gird: unknown key"),
-    ("  seeds: [0]\n  methods: [fedavg,", "  seed: [0]\n  methods: [fedavg,", "grid.seeds: missing; grid.seed: unknown key"),
+    ("  seeds: [0, 1]\n  methods: [fedavg,", "  seed: [0, 1]\n  methods: [fedavg,", "grid.seeds: missing; grid.seed: unknown key"),
     ("{name: fedprox, mu: 0.01,", "{name: fedprox, mu_: 0.01,", "methods.fedprox-mu001.mu_: unknown key"),
     ("{name: fedprox, mu: 0.01,", "{name: fedprx, mu: 0.01,", "methods.fedprox-mu001.name: unknown algorithm 'fedprx'"),
     ("fedrs-a05, fedcme-mu001]", "fedrs-a05, fedcme-mu0001]", "grid.methods: fedcme-mu0001 not defined in methods"),
-    ("  target_accuracy: 0.45", "  target_acuracy: 0.45", "report.target_acuracy: unknown key"),
+    ("  target_accuracy: 0.7", "  target_acuracy: 0.7", "report.target_acuracy: unknown key"),
     ("    lr: 0.01\n", "    lr: -1\n", "base.training.lr: Input should be greater than 0"),
-    ("  clients:                # (K, M) pairs; K must differ between pairs\n    - [50, 10]",
-     "  clients:\n    - [50, 10]\n    - [50, 5]", "grid.clients: K must differ between (K, M) pairs"),
-    ("ablation:\n  datasets: [fmnist]\n  alphas: [0.1]", "ablation:\n  datasets: [fmnist]\n  alphas: [0.5]",
-     "ablation: settings [('fmnist', 0.5, 50, 10, 0)] are not in grid"),
+    ("  clients:                # (K, M) pairs; K must differ between pairs\n    - [10, 10]",
+     "  clients:\n    - [10, 10]\n    - [10, 5]", "grid.clients: K must differ between (K, M) pairs"),
+    ("  alphas: [1.0]\n  clients:\n    - [10, 10]\n  seeds: [0]\n  methods: []",
+     "  alphas: [0.5]\n  clients:\n    - [10, 10]\n  seeds: [0]\n  methods: [fedcme-no-exchange]",
+     "ablation: settings [('fmnist', 0.5, 10, 10, 0)] are not in grid"),
+    ("\nreport:\n", "\nreport:\n  name: x\n", "key 'name' given twice"),
     ("    local_epochs: 2 ", "    local_epochs: 1 ", "base.training.local_epochs: FedCME with exchange 'classifier' needs at least 2 local epochs"),
 ])
 def test_a_bad_params_file_is_one_line_naming_file_and_key(tmp_path, old, new, message):
@@ -106,7 +108,7 @@ def test_a_bad_params_file_is_one_line_naming_file_and_key(tmp_path, old, new, m
 
 
 def test_a_missing_dvc_param_is_named(tmp_path):
-    path = write_variant(tmp_path, "    train_subset: null", "    test_subset: null")
+    path = write_variant(tmp_path, "    train_subset: 3000", "    test_subset: 3000")
 
     with pytest.raises(ConfigError, match=r"params.yaml: base.data.train_subset: missing \(read by .*dvc.yaml"):
         check_dvc_params(REPO_ROOT / "dvc.yaml", path)

@@ -97,6 +97,25 @@ def test_second_repro_does_nothing(pipeline):
     assert stages_run(output) == []
 
 
+def test_check_run_passes_a_finished_grid_and_names_what_is_missing(pipeline):
+    workdir, environment, _ = pipeline
+    check = [sys.executable, str(REPO_ROOT / "tools" / "check_run.py")]
+
+    passed = subprocess.run(check, cwd=workdir, env=environment, capture_output=True, text=True)
+    summary = workdir / "reports" / "results.csv"
+    kept = summary.read_bytes()
+    summary.write_bytes(kept.rsplit(b"\n", 2)[0] + b"\n")  # one experiment's row lost
+    try:
+        failed = subprocess.run(check, cwd=workdir, env=environment, capture_output=True, text=True)
+    finally:
+        summary.write_bytes(kept)
+
+    assert passed.returncode == 0, passed.stderr
+    assert "all 3 experiments listed" in passed.stdout
+    assert failed.returncode == 1
+    assert failed.stderr == "check_run: reports/results.csv: 2 experiment rows, the grid has 3\n"
+
+
 def test_metrics_params_and_plots_work_offline(pipeline):
     workdir, environment, _ = pipeline
 
@@ -165,9 +184,11 @@ def test_make_runs_repro_starts_one_prefect_server_for_every_stage(tmp_path, mir
     assert wait_until_none_left(f"PREFECT_HOME={tmp_path / 'prefect-home'}", timeout=30) == []
 
 
-def test_ctrl_c_stops_repro_its_stage_and_its_server_within_seconds(tmp_path, mirror):
-    # Ctrl-C signals the whole foreground group (flows.repro, dvc, the train stage); the server,
-    # in a session of its own, stays up until the stage has recorded its end, then stops.
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_repro_its_stage_and_its_server_within_seconds(tmp_path, mirror, signal_number):
+    # Ctrl-C signals the terminal's foreground group (make, flows.repro); flows.repro passes a SIGTERM
+    # to dvc's group (dvc, the train stage), and the server, in a session of its own, stays up until
+    # the stage has recorded its end, then stops.
     workdir, environment = repro_checkout(tmp_path, mirror)
     process = subprocess.Popen([sys.executable, "-m", "flows.repro"], cwd=workdir, env=environment, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -179,7 +200,7 @@ def test_ctrl_c_stops_repro_its_stage_and_its_server_within_seconds(tmp_path, mi
     assert lines and lines[-1].startswith("round    1/"), "".join(lines)
     signalled = time.monotonic()
 
-    os.killpg(process.pid, signal.SIGINT)
+    os.killpg(process.pid, signal_number)
     rest = process.communicate(timeout=120)[0]
 
     assert time.monotonic() - signalled < 30, rest

@@ -3,8 +3,8 @@
     python tools/check_run.py [--params params.yaml]
 
 Reads the grid of the params file, then `dvc metrics show --json`: every experiment of the grid
-and of the ablation must be listed with a numeric final accuracy, and `reports/results.md`
-(naming every method) and the report PNGs must exist. One line per problem on stderr and exit
+and of the ablation must be listed with a numeric final accuracy, `reports/results.md` (naming
+every method) and the report PNGs must exist, and `reports/results.csv` must hold one row per experiment. One line per problem on stderr and exit
 status 1; a one-line summary and 0 when all is there. `.ci/run` runs it after `make run`.
 """
 
@@ -22,7 +22,8 @@ from fedcme_core.params import load_params  # noqa: E402
 from flows.stages import experiment_name  # noqa: E402
 
 REPORT = Path("reports/results.md")
-FIGURES = (Path("reports/accuracy.png"),)
+FIGURES = (Path("reports/accuracy.png"), Path("reports/accuracy-ablation.png"), Path("reports/accuracy-matching.png"))
+SUMMARY = Path("reports/results.csv")
 
 
 def dvc_metrics() -> dict[str, dict]:
@@ -54,6 +55,11 @@ def problems(params_path: str) -> tuple[list[str], int]:
         found += [f"{REPORT}: no row for {params.label(method)}" for method in params.grid.methods
                   if f"| {params.label(method)} |" not in report]
     found += [f"{figure}: missing or empty" for figure in FIGURES if not figure.is_file() or figure.stat().st_size == 0]
+    rows = SUMMARY.read_text(encoding="utf-8").splitlines()[1:] if SUMMARY.is_file() else None
+    if rows is None:
+        found.append(f"{SUMMARY}: missing")
+    elif len(rows) != len(cells):
+        found.append(f"{SUMMARY}: {len(rows)} experiment rows, the grid has {len(cells)}")
     return found, len(cells)
 
 
@@ -67,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if found:
         return 1
     print(f"check_run: {arguments.params}: all {experiments} experiments listed by `dvc metrics show`, "
-          f"{REPORT} and {', '.join(map(str, FIGURES))} written")
+          f"{REPORT}, {SUMMARY} and {', '.join(map(str, FIGURES))} written")
     return 0
 
 
