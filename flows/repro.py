@@ -32,33 +32,27 @@ def interrupt(signal_number, frame) -> None:
     raise KeyboardInterrupt
 
 
-def descendants_in_session() -> list[int]:
-    """The live processes this command started, directly or not, in its own session (dvc and its
-    stages; not the Prefect server, which has a session of its own). Linux /proc."""
-    parents: dict[int, list[int]] = {}
+def group_members(group: int) -> list[int]:
+    """The live processes of process group `group` (dvc and its stages; a stage whose dvc has
+    already exited is still there, though no longer its child). Linux /proc."""
+    members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[0] != "Z" and int(fields[3]) == os.getsid(0):
-            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, frontier = [], [os.getpid()]
-    while frontier:
-        children = parents.get(frontier.pop(), [])
-        found += children
-        frontier += children
-    return found
+        if fields[0] != "Z" and int(fields[2]) == group:
+            members.append(int(stat.parent.name))
+    return members
 
 
 def stop_within(process: subprocess.Popen, seconds: float) -> None:
-    """Wait until `process` and every process under it have ended; SIGKILL what is left after `seconds`."""
+    """Wait until `process` and every process of its group have ended; SIGKILL what is left after `seconds`."""
     deadline = time.monotonic() + seconds
-    while (process.poll() is None or descendants_in_session()) and time.monotonic() < deadline:
+    while (process.poll() is None or group_members(process.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in descendants_in_session():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
     process.wait()
 
 

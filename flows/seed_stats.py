@@ -46,37 +46,24 @@ class SeedStats:
 
 
 @dataclass(frozen=True)
-class PairedDifference:
-    """A - B over the seeds both ran: mean and std of d_s, wins (d_s > 0), losses (d_s < 0), p."""
-
-    differences: Mapping[int, float]
-
-    @property
-    def n(self) -> int:
-        return len(self.differences)
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.differences.values())
-
-    @property
-    def std(self) -> float | None:
-        return statistics.stdev(self.differences.values()) if self.n >= 2 else None
+class PairedDifference(SeedStats):
+    """A - B over the seeds both ran (``by_seed``: d_s): its mean, std and n, wins (d_s > 0),
+    losses (d_s < 0) and the paired t-test p."""
 
     @property
     def wins(self) -> int:
-        return sum(value > 0 for value in self.differences.values())
+        return sum(value > 0 for value in self.by_seed.values())
 
     @property
     def losses(self) -> int:
-        return sum(value < 0 for value in self.differences.values())
+        return sum(value < 0 for value in self.by_seed.values())
 
     @property
     def p_value(self) -> float | None:
         """Paired t-test p-value; None with fewer than 2 seeds or when every d_s is the same."""
         if self.n < 2 or self.std == 0.0:
             return None
-        values = list(self.differences.values())
+        values = list(self.by_seed.values())
         p_value = float(stats.ttest_1samp(values, 0.0).pvalue)
         return None if math.isnan(p_value) else p_value
 

@@ -53,3 +53,9 @@ def kill_all(entry: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def sigint_as_in_a_terminal() -> None:
+    """preexec_fn: SIGINT back to its default action in the child, as a terminal's job has it (a
+    command started in the background by a non-interactive shell, as CI's may be, inherits it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from .conftest import REPO_ROOT, SYNTHETIC
-from .processes import kill_all, processes_with_environment, wait_until_none_left
+from .processes import kill_all, processes_with_environment, sigint_as_in_a_terminal, wait_until_none_left
 
 ROUNDS = 3
 TOKEN_KEY = "FEDCME_KILL_TEST_TOKEN"
@@ -47,7 +47,7 @@ class Command:
             [sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--experiment", "killed",
              "--runs-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
             cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,  # its own process group, as a terminal's foreground job has
+            start_new_session=True, preexec_fn=sigint_as_in_a_terminal,  # as a terminal's foreground job
         )
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -16,7 +16,7 @@ import pytest
 
 from .conftest import REPO_ROOT
 from .helpers import copy_repository
-from .processes import wait_until_none_left
+from .processes import sigint_as_in_a_terminal, wait_until_none_left
 
 EXPERIMENTS = ["fmnist-a0.5-k100m2-fedavg-s0", "fmnist-a0.5-k100m2-fedcme-mu001-s0", "fmnist-a0.5-k100m2-fedcme-no-exchange-s0"]
 PARTITION = Path("data/partitions/fmnist-a0.5-k100-s0")
@@ -191,7 +191,8 @@ def test_a_signal_stops_repro_its_stage_and_its_server_within_seconds(tmp_path, 
     # the stage has recorded its end, then stops.
     workdir, environment = repro_checkout(tmp_path, mirror)
     process = subprocess.Popen([sys.executable, "-m", "flows.repro"], cwd=workdir, env=environment, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                               preexec_fn=sigint_as_in_a_terminal)
     lines: list[str] = []
     for line in process.stdout:
         lines.append(line)
