@@ -73,7 +73,9 @@ def copy_repository(source: Path, destination: Path, params_file: Path) -> None:
     """The repository's tracked and unignored files copied to `destination`, with `params_file` as params.yaml."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=source, capture_output=True,
                            text=True, check=True).stdout.split()
-    for name in files:
+    # Not what an earlier `make run` of the checkout left (the pipeline's outputs and its lock).
+    outputs = ("metrics/", "reports/", "models/", "runs/", "data/", "dvc.lock", "mlflow.db")
+    for name in (name for name in files if not name.startswith(outputs)):
         if (source / name).is_file():
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source / name, destination / name)
