@@ -81,11 +81,13 @@ def load_metrics(directory: Path) -> list[dict[str, Any]]:
 def load_matching(directory: Path) -> list[dict[str, Any]]:
     """The matching records of ``<metrics>/matching/*.json`` (none when the folder is absent)."""
     folder = Path(directory) / "matching"
-    records = [read_json_object(path) for path in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-    for record, path in zip(records, sorted(folder.glob("*.json"))):
+    records = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        record = read_json_object(path)
         for key in ("experiment", "method", "setting", "seed", "class_counts", "rounds"):
             if key not in record:
                 raise ValueError(f"{path}: lacks the required key {key!r}")
+        records.append(record)
     return records
 
 
