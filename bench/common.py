@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flows.cli import QUIET_ENVIRONMENT as CLI_QUIET_ENVIRONMENT
+from flows.command import QUIET_ENVIRONMENT as CLI_QUIET_ENVIRONMENT
 from flows.prefect_server import SERVER_ENVIRONMENT, free_port, server_command, stop_with_parent, wait_until_healthy
 
 BENCH_DIR = Path(__file__).resolve().parent

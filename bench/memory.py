@@ -7,7 +7,7 @@ and keeps the peak (the figures are RSS sums, as the targets; the peak sum of PS
 pages such as torch's libraries count once across processes, is reported beside). A run is one round of FedCME (E local epochs) with the Dask
 runner, whose workers are processes:
 
-* core: ``federation.run_experiment`` with an executor that sends each client's local training
+* core: ``rounds.run_experiment`` with an executor that sends each client's local training
         to a ``flows.dask_cluster.local_cluster(n_workers=w, threads_per_worker=1, processes=True)`` on
         127.0.0.1 (the other steps in the driver, as the Prefect flow runs them);
 * flow: ``flows.train.run_training`` with ``runner.kind: dask`` (Prefect's DaskTaskRunner on the
@@ -99,7 +99,7 @@ def child(spec: dict) -> None:
         rounds = summary["rounds"]
     else:
         from fedcme_core.config import config_from_dict
-        from fedcme_core.federation import run_experiment
+        from fedcme_core.rounds import run_experiment
 
         executor = DaskExecutor(values["runner"]["workers"], processes=spec.get("processes", True))
         try:
@@ -124,7 +124,7 @@ def preload() -> None:
     import torch._dynamo  # noqa: F401  (imported lazily by the first optimizer)
     import yaml  # noqa: F401
 
-    import fedcme_core.federation  # noqa: F401
+    import fedcme_core.rounds  # noqa: F401
     from fedcme_core.config import config_from_dict  # noqa: F401
 
 

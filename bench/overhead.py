@@ -3,7 +3,7 @@ and against a plain Python loop over the same core functions.
 
 The flow (``flows.train.run_training``: Prefect tasks on the configured task runner, MLflow
 tracking into a scratch sqlite store) runs under a temporary Prefect server whose PREFECT_HOME
-is a scratch folder. Every round's record (``federation.run_round``) holds its wall time
+is a scratch folder. Every round's record (``rounds.run_round``) holds its wall time
 ``round_seconds`` and its parts; the ideal of a round, computed from the same record, is
 
     client_train_seconds / workers + exchange_seconds + aggregate_seconds + evaluate_seconds
@@ -16,7 +16,7 @@ max(client_work_seconds / workers, critical_client_seconds) + the server steps, 
 
 The flow runs with its default one task per client per phase, and (full mode) again with one
 task per worker (``runner.client_tasks: worker``, variant ``flow_task_per_worker``).
-The same rounds also run through ``federation.run_experiment`` with the ``SerialExecutor``
+The same rounds also run through ``rounds.run_experiment`` with the ``SerialExecutor``
 (ideal with workers = 1) and with a ThreadPoolExecutor-based executor of 2 workers (no Prefect).
 Variants are whole runs of R rounds, interleaved (flow, serial, threads) `--repeats` times;
 round 0 (data loading, no alignment yet) is excluded when R > 1. Target: flow / ideal <= 1.05.
@@ -48,9 +48,9 @@ common.quiet_environment()
 import torch
 import yaml
 
-from fedcme_core import federation
+from fedcme_core import rounds
 from fedcme_core.config import load_config
-from fedcme_core.federation import (
+from fedcme_core.rounds import (
     SerialExecutor,
     completed_rounds,
     load_server_state,
@@ -68,7 +68,7 @@ class ThreadPoolLoopExecutor:
         return function(*args)
 
     def map(self, step, function, arguments, retries=0, costs=None):
-        return list(self.pool.map(lambda args: federation.with_retries(function, args, retries), arguments))
+        return list(self.pool.map(lambda args: rounds.with_retries(function, args, retries), arguments))
 
     def close(self) -> None:
         self.pool.shutdown()

@@ -1,7 +1,7 @@
 """Parallel efficiency: local-training throughput of one round's client trainings with
 2 workers x 1 torch thread against 1 worker x 1 thread, for three layouts.
 
-The work is the real step of a round: ``federation.train_phase_step`` for each of the M
+The work is the real step of a round: ``rounds.train_phase_step`` for each of the M
 selected clients (FedAvg, one phase of E epochs on the client's partition; it writes the
 upload checkpoint), in a prepared run directory. Layouts:
 
@@ -45,7 +45,7 @@ common.quiet_environment()
 
 import torch
 
-from fedcme_core import federation
+from fedcme_core import rounds
 from fedcme_core.config import config_from_dict
 from fedcme_core.models import build_model
 from fedcme_core.partition import load_partition
@@ -58,26 +58,26 @@ QUICK_LAYOUTS = ("threads", "processes", "bare")
 def warm_worker(config, run_dir: str) -> int:
     """Per worker, once: 1 torch thread, the dataset and the partition loaded (cached per process)."""
     torch.set_num_threads(1)
-    federation.load_experiment_dataset(config.data, config.seed)
-    federation.run_partition(config, Path(run_dir))
+    rounds.load_experiment_dataset(config.data, config.seed)
+    rounds.run_partition(config, Path(run_dir))
     return torch.get_num_threads()
 
 
 def train_client(config, run_dir: str, client: int) -> dict:
     torch.set_num_threads(1)
-    return federation.train_phase_step(config, run_dir, 0, client, 0, None)
+    return rounds.train_phase_step(config, run_dir, 0, client, 0, None)
 
 
 def bare_client(config, run_dir: str, client: int) -> dict:
     """The same client's arithmetic with none of our code: from the same global model, a bare
     PyTorch loop over its tensors for E epochs, then one no-grad pass over them (as step 7 does)."""
     torch.set_num_threads(1)
-    dataset = federation.load_experiment_dataset(config.data, config.seed)
-    partition, _ = federation.run_partition(config, Path(run_dir))
+    dataset = rounds.load_experiment_dataset(config.data, config.seed)
+    partition, _ = rounds.run_partition(config, Path(run_dir))
     indices = torch.tensor(partition.clients[client])
     inputs, labels = dataset.x_train[indices], dataset.y_train[indices]  # [D_k, C_in, H, W], [D_k]
     model = build_model(config.model.name, num_classes=dataset.num_classes)
-    model.load_state_dict(federation.shared_server_state(Path(run_dir), 0)["model"])  # w^0, as our step starts
+    model.load_state_dict(rounds.shared_server_state(Path(run_dir), 0)["model"])  # w^0, as our step starts
     started = time.perf_counter()
     for _ in range(config.training.local_epochs):
         bare_loop(model, inputs, labels, config.training.batch_size, config.training)
@@ -110,7 +110,7 @@ class ProcessLayout:
     def __init__(self, config, run_dir: str, workers: int, start_method: str) -> None:
         context = multiprocessing.get_context(start_method)
         if start_method == "forkserver":  # workers fork from a server that imported these once
-            context.set_forkserver_preload(["torch", "fedcme_core.federation"])
+            context.set_forkserver_preload(["torch", "fedcme_core.rounds"])
         self.pool = concurrent.futures.ProcessPoolExecutor(
             max_workers=workers, mp_context=context, initializer=warm_worker, initargs=(config, run_dir)
         )
@@ -211,11 +211,11 @@ def main() -> None:
     config = config_from_dict(values)
     with tempfile.TemporaryDirectory(prefix="fedcme-bench-parallel-") as scratch:
         run_dir = str(Path(scratch) / "run")
-        federation.prepare_run(config, run_dir)
-        # Largest client first, as `federation.run_round` hands a phase's clients to the workers
+        rounds.prepare_run(config, run_dir)
+        # Largest client first, as `rounds.run_round` hands a phase's clients to the workers
         # (read from the file: the layouts' start-up below still loads the run's partition).
-        sizes = [len(indices) for indices in load_partition(federation.RunPaths(run_dir).partition).clients]
-        clients = federation.largest_first(federation.select_step(config, 0), sizes)
+        sizes = [len(indices) for indices in load_partition(rounds.RunPaths(run_dir).partition).clients]
+        clients = rounds.largest_first(rounds.select_step(config, 0), sizes)
 
         started_layouts, startup = {}, {}
         try:

@@ -137,13 +137,13 @@ def bare_child(path: str) -> None:
 
     from fedcme_core.aggregation import select_clients
     from fedcme_core.config import config_from_dict
-    from fedcme_core.federation import load_experiment_dataset, make_partition
+    from fedcme_core.rounds import load_experiment_dataset, make_partition
     from fedcme_core.models import build_model
 
     torch.set_num_threads(2)
     config = config_from_dict(json.loads(Path(path).read_text()))
     dataset = load_experiment_dataset(config.data, config.seed)
-    partition = make_partition(config, dataset.y_train.numpy())
+    partition = make_partition(dataset.y_train.numpy(), config.partition, config.federation.num_clients, config.seed)
     training, federation = config.training, config.federation
     global_model = build_model(config.model.name, dataset.num_classes, None, seed=0)
     rounds = []
@@ -195,7 +195,7 @@ def summarise(runs: list[dict], samples_per_round: float) -> dict:
 def samples_per_round(values: dict) -> float:
     """Local-training samples of one round on average: E x the selected clients' data, K clients sharing N."""
     from fedcme_core.config import config_from_dict
-    from fedcme_core.federation import load_experiment_dataset
+    from fedcme_core.rounds import load_experiment_dataset
 
     config = config_from_dict(values)
     total = len(load_experiment_dataset(config.data, config.seed).y_train)

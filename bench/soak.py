@@ -35,7 +35,7 @@ def main() -> None:
     common.quiet_environment()
     from prefect.testing.utilities import prefect_test_harness
 
-    from fedcme_core.federation import completed_rounds
+    from fedcme_core.rounds import completed_rounds
     from flows.train import run_training
 
     scratch = Path(tempfile.mkdtemp(prefix="fedcme-bench-soak-"))

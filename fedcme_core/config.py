@@ -1,7 +1,8 @@
 """Typed, frozen experiment configuration (pydantic v2), loaded from ``params.yaml``.
 
-One config class per algorithm, chosen by ``algorithm.name`` (a discriminated union), so
-each algorithm owns exactly its hyper-parameters: FedProx its ``mu``, MOON ``mu``/``tau``,
+One config class per algorithm, declared in the algorithm's own module and chosen by
+``algorithm.name`` (a discriminated union built from the registry in ``fedcme_core.algorithms``),
+so each algorithm owns exactly its hyper-parameters: FedProx its ``mu``, MOON ``mu``/``tau``,
 FedRS ``alpha``/``scaling``, FedCME ``mu``/``exchange``/``matching``/``eval_fraction``.
 Defaults follow ``SPEC.md`` (MOON's CIFAR-10 local-training settings, the paper's grid).
 Every bad value is reported as one line naming the key and the reason (:class:`ConfigError`).
@@ -12,23 +13,25 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from .algorithms import ALGORITHM_NAMES, AlgorithmConfig
+from .algorithms.fedcme import FedCMEConfig
+from .algorithms.moon import MoonConfig
 from .architectures import MODEL_INPUT_SHAPES
+from .frozen import Frozen
 
 
 class ConfigError(ValueError):
     """A configuration file or value is invalid; the message names the key and the reason."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-class SyntheticConfig(_Frozen):
+class SyntheticConfig(Frozen):
     """Class-dependent random patterns, for fast tests (any shape)."""
 
     num_train: int = Field(2000, ge=10)
@@ -37,7 +40,7 @@ class SyntheticConfig(_Frozen):
     noise: float = Field(1.0, ge=0)
 
 
-class DataConfig(_Frozen):
+class DataConfig(Frozen):
     dataset: Literal["fmnist", "cifar10", "synthetic"] = "fmnist"
     # Local mirror folder (holding fashion-mnist/ and cifar-10/); None: env FEDCME_DATA_MIRROR, else download.
     mirror: str | None = None
@@ -55,7 +58,7 @@ class DataConfig(_Frozen):
     synthetic: SyntheticConfig = SyntheticConfig()
 
 
-class PartitionConfig(_Frozen):
+class PartitionConfig(Frozen):
     """Label skew + quantity skew: NIID-Bench label-dir by default (SPEC.md, Data)."""
 
     method: Literal["dirichlet", "iid", "lognormal_dirichlet"] = "dirichlet"
@@ -64,7 +67,7 @@ class PartitionConfig(_Frozen):
     sigma: float = Field(0.3, gt=0)
 
 
-class FederationConfig(_Frozen):
+class FederationConfig(Frozen):
     num_clients: int = Field(50, ge=1, description="K")
     clients_per_round: int = Field(20, ge=1, description="M")
     rounds: int = Field(100, ge=1, description="T")
@@ -91,7 +94,7 @@ class FederationConfig(_Frozen):
         return self
 
 
-class TrainingConfig(_Frozen):
+class TrainingConfig(Frozen):
     """Local SGD of every algorithm (SPEC.md, Local training)."""
 
     local_epochs: int = Field(10, ge=1, description="E")
@@ -109,45 +112,13 @@ class TrainingConfig(_Frozen):
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
 
 
-class ModelConfig(_Frozen):
+class ModelConfig(Frozen):
     name: Literal["fmnist_cnn", "cifar_cnn"] = "fmnist_cnn"
     # MOON's projection head output size; None: 256 for MOON, no head for the others.
     projection_dim: int | None = Field(None, ge=1)
 
 
-class FedAvgConfig(_Frozen):
-    name: Literal["fedavg"] = "fedavg"
-
-
-class FedProxConfig(_Frozen):
-    name: Literal["fedprox"] = "fedprox"
-    mu: float = Field(0.01, ge=0)
-
-
-class MoonConfig(_Frozen):
-    name: Literal["moon"] = "moon"
-    mu: float = Field(1.0, ge=0)
-    tau: float = Field(0.5, gt=0)
-
-
-class FedRSConfig(_Frozen):
-    name: Literal["fedrs"] = "fedrs"
-    alpha: float = Field(0.5, gt=0, le=1)
-    # presence: s_c = 1 if the client holds c else alpha (the paper);
-    # proportional: s_c = alpha + (1 - alpha) * n_c / max_j n_j (the authors' code).
-    scaling: Literal["presence", "proportional"] = "presence"
-
-
-class FedCMEConfig(_Frozen):
-    name: Literal["fedcme"] = "fedcme"
-    mu: float = Field(0.01, ge=0, description="feature-alignment weight; 0 disables alignment")
-    exchange: Literal["none", "classifier", "extractor", "model"] = "classifier"
-    matching: Literal["pairwise", "many_to_one"] = "pairwise"
-    eval_fraction: float = Field(0.2, gt=0, le=1)
-    align_reduction: Literal["mean", "sum"] = "mean"
-
-
-class RunnerConfig(_Frozen):
+class RunnerConfig(Frozen):
     """Where the clients of a round train; never changes the results (see README)."""
 
     kind: Literal["sequential", "threads", "dask"] = "threads"
@@ -169,14 +140,9 @@ class RunnerConfig(_Frozen):
     client_tasks: Literal["client", "worker"] = "client"
 
 
-AlgorithmConfig = Annotated[
-    Union[FedAvgConfig, FedProxConfig, MoonConfig, FedRSConfig, FedCMEConfig],
-    Field(discriminator="name"),
-]
-ALGORITHM_NAMES = ("fedavg", "fedprox", "moon", "fedrs", "fedcme")
 
 
-class ExperimentConfig(_Frozen):
+class ExperimentConfig(Frozen):
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: DataConfig = DataConfig()

@@ -63,7 +63,7 @@ def state_problem(state: Mapping[str, torch.Tensor]) -> str | None:
 
 
 def update_problem(upload: Mapping[str, Any], max_loss: float | None = None) -> str | None:
-    """Why the server rejects a client's upload (model, last loss, local features), or None."""
+    """Why the server rejects a client's upload (model, last loss, what its algorithm reported), or None."""
     loss = float(upload["epoch_losses"][-1])
     if not math.isfinite(loss):
         return f"non-finite training loss {loss}"
@@ -72,12 +72,10 @@ def update_problem(upload: Mapping[str, Any], max_loss: float | None = None) -> 
     problem = state_problem(upload["model"])
     if problem is not None:
         return problem
-    features = upload.get("local_features")
-    if features is not None and not bool(torch.isfinite(features).all()):
-        return "non-finite local features"
-    vector = upload.get("evaluation_vector")
-    if vector is not None and not bool(torch.isfinite(vector).all()):
-        return "non-finite evaluation vector"
+    for key, value in upload.get("report", {}).items():  # tensors, or parameter name -> tensor
+        tensors = value.values() if isinstance(value, Mapping) else [value]
+        if any(torch.is_tensor(t) and torch.is_floating_point(t) and not bool(torch.isfinite(t).all()) for t in tensors):
+            return f"non-finite {key.replace('_', ' ')}"
     return None
 
 

@@ -6,7 +6,8 @@ Local objective of client k in round t (SPEC.md, "Local training"):
 
 minimised by SGD (lr, momentum, weight decay) over mini-batches of the client's in-memory
 tensors. Algorithms never copy this loop: FedProx, MOON and FedCME's feature alignment
-supply ``extra_loss``, FedRS ``transform_logits`` (see ``fedcme_core.algorithms``).
+supply ``extra_loss``, FedRS ``transform_logits``, SCAFFOLD ``after_step`` (see
+``fedcme_core.algorithms``).
 
 A local run can stop after any epoch, be written to a checkpoint (model, optimizer and
 the batch-order RNG state) and continue later to exactly the same result as a run
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +26,10 @@ import torch.nn.functional as F
 from .augment import Augmentation
 from .checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from .compute import Compute
-from .config import TrainingConfig
 from .models import SplitModel
+
+if TYPE_CHECKING:  # config imports the algorithms, which import this loop
+    from .config import TrainingConfig
 
 FP32 = Compute()
 
@@ -43,6 +46,9 @@ class ClientHooks:
     ) -> torch.Tensor | None:
         """A term added to the cross-entropy (features [B, d], logits [B, C]); None adds nothing."""
         return None
+
+    def after_step(self) -> None:
+        """Called after each optimizer step (SCAFFOLD: the control-variate correction)."""
 
 
 @dataclass
@@ -110,6 +116,7 @@ def train_epochs(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            hooks.after_step()
             loss_sum += loss.detach() * batch.shape[0]
         run.epoch_losses.append(float(loss_sum) / num_samples)
         run.epochs_done += 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import warnings
@@ -27,17 +26,8 @@ from typing import Any
 
 import yaml
 
-# Quiet, offline-safe defaults for the stack (a user's own settings win).
-QUIET_ENVIRONMENT = {
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-    "DASK_LOGGING__DISTRIBUTED": "error",
-    "MLFLOW_LOGGING_LEVEL": "WARNING",
-    # Prefect's temporary server gets 20 s to start by default; a busy shared machine needs more.
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-}
+from .command import quiet_environment, report_errors, show_warning
+
 
 def parse_override(text: str) -> tuple[str, Any]:
     """`key.path=value`, the value read as YAML (numbers, booleans, lists)."""
@@ -59,7 +49,7 @@ def round_line(record: dict[str, Any], total_rounds: int, started: float, first_
 
 def simulate(arguments: argparse.Namespace) -> int:
     from fedcme_core.config import load_config
-    from fedcme_core.federation import completed_rounds, experiment_run_dir, run_experiment
+    from fedcme_core.rounds import completed_rounds, experiment_run_dir, run_experiment
 
     config = load_config(arguments.config, overrides=dict(arguments.overrides))
     run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
@@ -95,7 +85,7 @@ def train(arguments: argparse.Namespace) -> int:
     load_config(arguments.config, overrides=dict(arguments.overrides))
 
     def action(ready: Callable[[], None]) -> dict[str, Any]:
-        from fedcme_core.federation import check_experiment_name
+        from fedcme_core.rounds import check_experiment_name
 
         from .train import run_training
 
@@ -130,7 +120,7 @@ def serve(arguments: argparse.Namespace) -> int:
 
 
 def sync(arguments: argparse.Namespace) -> int:
-    from fedcme_core.federation import experiment_run_dir
+    from fedcme_core.rounds import experiment_run_dir
 
     from .train import sync_run
 
@@ -200,57 +190,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def quiet_environment() -> None:
-    for key, value in QUIET_ENVIRONMENT.items():
-        os.environ.setdefault(key, value)
-
-
-def known_errors() -> tuple[type[Exception], ...]:
-    """Bad input and unusable services: reported as one line, without a traceback."""
-    from fedcme_core.checkpoints import CheckpointError
-    from fedcme_core.config import ConfigError
-    from fedcme_core.data import DataError
-    from fedcme_core.faults import RoundError
-    from fedcme_core.federation import RunError
-    from fedcme_core.partition import PartitionError
-
-    from .errors import OrchestratorError, TrackingError
-
-    return (ConfigError, DataError, PartitionError, CheckpointError, RunError, RoundError, TrackingError,
-            OrchestratorError)
-
-
-def report_errors(action: Callable[[], int]) -> int:
-    """Run `action`; a known bad input becomes one line on stderr and exit status 2.
-
-    The error classes are imported only when something fails, so that a command's first
-    step (starting Prefect's server, for `train`) comes before torch is imported.
-    """
-    try:
-        return action()
-    except KeyboardInterrupt:
-        print("fedcme: interrupted; run the same command again to resume from the last completed round", file=sys.stderr)
-        return 130
-    except Exception as error:
-        if not isinstance(error, known_errors()):
-            raise
-        print(f"fedcme: error: {error}", file=sys.stderr)
-        return 2
-
-
-_library_showwarning = warnings.showwarning
-
-
-def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Our recovery warnings as one line, `fedcme: warning: ...`; the libraries' as Python shows them."""
-    from fedcme_core.federation import RecoveryWarning
-
-    if issubclass(category, RecoveryWarning):
-        print(f"fedcme: warning: {message}", file=sys.stderr, flush=True)
-    else:
-        _library_showwarning(message, category, filename, lineno, file, line)
-
-
 def main(argv: list[str] | None = None) -> int:
     arguments = build_parser().parse_args(argv)
     quiet_environment()
@@ -263,7 +202,7 @@ def run_command(arguments: argparse.Namespace) -> int:
 
     `train` checks it itself, after starting Prefect's server (see `train`)."""
     if arguments.command not in ("train", "check"):
-        from fedcme_core.federation import check_experiment_name
+        from fedcme_core.rounds import check_experiment_name
 
         check_experiment_name(arguments.experiment)
     return arguments.handler(arguments)

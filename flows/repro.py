@@ -57,7 +57,7 @@ def stop_within(process: subprocess.Popen, seconds: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .cli import quiet_environment, report_errors
+    from .command import quiet_environment, report_errors
     from .prefect_server import run_against_prefect
 
     arguments = list(sys.argv[1:] if argv is None else argv)

@@ -25,13 +25,18 @@ from typing import Any
 import numpy as np
 
 from fedcme_core.checkpoints import atomic_write_bytes, save_checkpoint
-from fedcme_core.data import load_prepared, load_raw, resolve_mirror, save_prepared, subset
-from fedcme_core.federation import completed_rounds, load_server_state, run_directory_matches
+from fedcme_core.data import load_prepared, load_raw, resolve_mirror, save_prepared
+from fedcme_core.rounds import (
+    completed_rounds,
+    experiment_subset,
+    load_server_state,
+    make_partition,
+    run_directory_matches,
+)
 from fedcme_core.matching import matching_similarity
 from fedcme_core.metrics import history_csv, summarize, with_content_hash
 from fedcme_core.params import ParamsFile, load_params
-from fedcme_core.partition import Partition, class_counts, save_partition
-from fedcme_core.seeding import derive_seed
+from fedcme_core.partition import class_counts, save_partition
 
 PARAMS = "params.yaml"
 DATASET_LABELS = {"fmnist": "FMNIST", "cifar10": "CIFAR-10", "synthetic": "Synthetic"}
@@ -95,18 +100,10 @@ def partition(arguments: argparse.Namespace, params: ParamsFile) -> None:
     """
     base = params.base
     dataset = load_prepared(prepared_dir(arguments.dataset), expected_name=arguments.dataset)
-    if base.data.train_subset is not None:
-        dataset = subset(dataset, train=base.data.train_subset, test=None, seed=derive_seed(arguments.seed, "subset"))
+    dataset = experiment_subset(dataset, base.data.train_subset, None, arguments.seed)
     labels = dataset.y_train.numpy()
-    result = Partition.create(
-        labels,
-        method=base.partition.method,
-        num_clients=arguments.clients,
-        alpha=arguments.alpha,
-        seed=arguments.seed,
-        min_size=base.partition.min_size,
-        sigma=base.partition.sigma,
-    )
+    result = make_partition(labels, base.partition.model_copy(update={"alpha": arguments.alpha}), arguments.clients,
+                            arguments.seed)
     out = Path("data/partitions") / partition_name(arguments.dataset, arguments.alpha, arguments.clients, arguments.seed)
     out.mkdir(parents=True, exist_ok=True)
     save_partition(result, out / "partition.npz")
@@ -209,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cli import quiet_environment, report_errors
+    from .command import quiet_environment, report_errors
 
     arguments = build_parser().parse_args(argv)
     quiet_environment()

@@ -1,4 +1,4 @@
-"""Prefect tasks: thin wrappers over the round steps of ``fedcme_core.federation``.
+"""Prefect tasks: thin wrappers over the round steps of ``fedcme_core.rounds``.
 
 Every task takes the (frozen, picklable) config, the run directory and small plain data,
 and returns small plain data; models travel as checkpoint files in the run directory, so a
@@ -20,7 +20,7 @@ import torch
 from prefect import task
 from prefect.cache_policies import NONE
 
-from fedcme_core import federation
+from fedcme_core import rounds
 from fedcme_core.config import ExperimentConfig, RunnerConfig
 from fedcme_core.faults import StepFailure
 
@@ -56,7 +56,7 @@ def step_task(step: str):
 
 def worker_layout(runner: RunnerConfig) -> tuple[int, int]:
     """(parallel client trainings, torch threads each), so that workers x threads <= cores by default."""
-    cores = federation.available_cores()
+    cores = rounds.available_cores()
     workers = 1 if runner.kind == "sequential" else (runner.workers or cores)
     threads = runner.threads_per_worker or max(1, cores // workers)
     return workers, threads
@@ -65,17 +65,17 @@ def worker_layout(runner: RunnerConfig) -> tuple[int, int]:
 @step_task("prepare")
 def prepare_task(config: ExperimentConfig, run_dir: str, partition_file: str | None) -> int:
     """Create or reopen the run directory; returns the number of rounds already completed."""
-    return federation.prepare_run(config, run_dir, partition_file)
+    return rounds.prepare_run(config, run_dir, partition_file)
 
 
 @step_task("select")
 def select_task(config: ExperimentConfig, round_index: int) -> list[int]:
-    return federation.select_step(config, round_index)
+    return rounds.select_step(config, round_index)
 
 
 @step_task("match")
 def match_task(config: ExperimentConfig, run_dir: str, round_index: int, selected: list[int]) -> dict[str, Any]:
-    return federation.match_step(config, run_dir, round_index, selected)
+    return rounds.match_step(config, run_dir, round_index, selected)
 
 
 @step_task("local-train")
@@ -89,7 +89,7 @@ def train_phase_task(
     torch_threads: int,
 ) -> dict[str, Any]:
     torch.set_num_threads(torch_threads)
-    return federation.train_phase_step(config, run_dir, round_index, client_id, phase_index, start_checkpoint)
+    return rounds.train_phase_step(config, run_dir, round_index, client_id, phase_index, start_checkpoint)
 
 
 @step_task("local-train-group")
@@ -99,29 +99,29 @@ def train_phase_group_task(
     """Several clients' phases, one after another in one task; each client is retried on its
     own and one that still fails gives a StepFailure (the others are unaffected)."""
     torch.set_num_threads(torch_threads)
-    return [federation.with_retries(federation.train_phase_step, (config, *step), retries) for step in steps]
+    return [rounds.with_retries(rounds.train_phase_step, (config, *step), retries) for step in steps]
 
 
 @step_task("exchange")
 def exchange_task(config: ExperimentConfig, run_dir: str, round_index: int, donors: dict[int, int]) -> dict[int, str]:
-    return federation.exchange_step(config, run_dir, round_index, donors)
+    return rounds.exchange_step(config, run_dir, round_index, donors)
 
 
 @step_task("aggregate")
 def aggregate_task(
     config: ExperimentConfig, run_dir: str, round_index: int, clients: list[int], lost: dict[int, str]
 ) -> dict[str, Any]:
-    return federation.aggregate_step(config, run_dir, round_index, clients, lost)
+    return rounds.aggregate_step(config, run_dir, round_index, clients, lost)
 
 
 @step_task("evaluate")
 def evaluate_task(config: ExperimentConfig, run_dir: str, round_index: int) -> dict[str, Any]:
-    return federation.evaluate_step(config, run_dir, round_index)
+    return rounds.evaluate_step(config, run_dir, round_index)
 
 
 @step_task("commit")
 def commit_task(config: ExperimentConfig, run_dir: str, round_index: int, record: dict[str, Any]) -> dict[str, Any]:
-    return federation.commit_round(config, run_dir, round_index, record)
+    return rounds.commit_round(config, run_dir, round_index, record)
 
 
 STEP_TASKS = {
@@ -162,7 +162,7 @@ class PrefectExecutor:
 
     def _map_grouped(self, arguments, retries: int, costs) -> list[Any | StepFailure]:
         """One task per worker: the clients packed by cost (largest first) into near-equal groups."""
-        groups = federation.balanced_groups(costs if costs is not None else [1.0] * len(arguments), self.workers)
+        groups = rounds.balanced_groups(costs if costs is not None else [1.0] * len(arguments), self.workers)
         self.task_runs += len(groups)
         config = arguments[0][0]  # the same for every client of the phase: sent once per task
         steps = [args[1:] for args in arguments]

@@ -2,7 +2,7 @@
 
     python -m flows.train --config params.yaml --experiment NAME     (same as `fedcme train`)
 
-Per round (``fedcme_core.federation.run_round``, the only round loop):
+Per round (``fedcme_core.rounds.run_round``, the only round loop):
 select -> match -> local training of all selected clients in parallel (phase 1; FedCME stops at
 floor(E/2) and writes swap checkpoints) -> exchange (barrier) -> phase 2 -> aggregate ->
 evaluate -> commit. The clients of a phase run on the configured task runner: ``sequential``,
@@ -28,7 +28,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedcme_core.config import ExperimentConfig, RunnerConfig, config_from_dict, load_config
-from fedcme_core.federation import (
+from fedcme_core.rounds import (
     RunError,
     RunPaths,
     completed_rounds,
@@ -267,9 +267,3 @@ def sync_run(
         raise TrackingError(f"MLflow tracking store {uri}: {tracker.failure}")
     return {"run_dir": str(paths.root), "rounds": rounds, "rounds_logged": logged, "mlflow_run_id": tracker.run_id,
             "model_uri": model_uri, "tracking_uri": uri}
-
-
-if __name__ == "__main__":
-    from .cli import main
-
-    sys.exit(main(["train", *sys.argv[1:]]))

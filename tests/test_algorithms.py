@@ -8,12 +8,11 @@ import numpy as np
 import torch
 
 from fedcme_core.algorithms import ClientContext, build_algorithm
-from fedcme_core.algorithms.fedcme import AlignmentHooks
-from fedcme_core.algorithms.fedprox import ProximalHooks
-from fedcme_core.algorithms.fedrs import RestrictedSoftmaxHooks, class_scaling
-from fedcme_core.algorithms.moon import ContrastiveHooks
 from fedcme_core.algorithms.base import frozen_copy
-from fedcme_core.config import FedCMEConfig, FedProxConfig, FedRSConfig, MoonConfig
+from fedcme_core.algorithms.fedcme import AlignmentHooks, FedCMEConfig
+from fedcme_core.algorithms.fedprox import FedProxConfig, ProximalHooks
+from fedcme_core.algorithms.fedrs import FedRSConfig, RestrictedSoftmaxHooks, class_scaling
+from fedcme_core.algorithms.moon import ContrastiveHooks, MoonConfig
 from fedcme_core.features import GlobalFeatures
 from fedcme_core.models import build_model
 
@@ -65,7 +64,7 @@ def test_moon_pulls_towards_global_and_away_from_previous():
     model = build_model("cifar_cnn", projection_dim=16, seed=0)
     previous = build_model("cifar_cnn", projection_dim=16, seed=1)
     inputs = torch.randn(8, 3, 32, 32)
-    hooks = build_algorithm(MoonConfig(mu=1.0)).client_hooks(model, context(model, previous_state=previous.state_dict()))
+    hooks = build_algorithm(MoonConfig(mu=1.0)).client_hooks(model, context(model, client_state={"model": previous.state_dict()}))
 
     towards_previous = hooks.extra_loss(inputs, None, previous.features(inputs), None)
     towards_global = hooks.extra_loss(inputs, None, model.features(inputs), None)
@@ -79,15 +78,16 @@ def test_fedcme_aligns_only_when_global_features_exist():
     defined = GlobalFeatures(values=torch.zeros(10, 512), defined=torch.ones(10, dtype=torch.bool))
 
     round_zero = algorithm.client_hooks(model, context(model))
-    later = algorithm.client_hooks(model, context(model, global_features=defined))
+    later = algorithm.client_hooks(model, context(model, server={"global_features": defined.to_dict()}))
 
     assert type(round_zero).__name__ == "ClientHooks"
     assert isinstance(later, AlignmentHooks)
 
 
 def test_fedcme_pieces_switch_independently():
-    assert build_algorithm(FedCMEConfig(exchange="none")).exchanges is False
-    assert build_algorithm(FedCMEConfig(mu=0.0)).uses_global_features is False
+    assert build_algorithm(FedCMEConfig(exchange="none")).phases(5) == [(0, 5)]
+    assert build_algorithm(FedCMEConfig()).phases(5) == [(0, 2), (2, 5)]
+    assert build_algorithm(FedCMEConfig(mu=0.0)).aligns is False
     assert build_algorithm(FedCMEConfig(exchange="extractor")).exchange_part == "extractor"
     matching = build_algorithm(FedCMEConfig(exchange="none")).match([0, 1, 2, 3], {}, seed=0, round_index=0)
     assert matching.pairs == [] and matching.donors == {}

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from fedcme_core.augment import PADDING, crop_flip
 from fedcme_core.config import config_from_dict
-from fedcme_core.federation import final_model, run_experiment
+from fedcme_core.rounds import final_model, run_experiment
 from fedcme_core.training import ClientHooks, load_local_run, save_local_run, train_epochs
 
 from .helpers import TRAINING, fresh_run, same_state, tiny_client_data

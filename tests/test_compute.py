@@ -12,7 +12,7 @@ import torch
 from fedcme_core import compute as compute_module
 from fedcme_core.compute import Compute, ComputeChoice, candidates, resolve
 from fedcme_core.config import TrainingConfig
-from fedcme_core.federation import RunPaths, final_model, run_experiment
+from fedcme_core.rounds import RunPaths, final_model, run_experiment
 from fedcme_core.training import ClientHooks
 
 from .helpers import fresh_run, same_state, tiny_client_data
@@ -142,7 +142,7 @@ def test_a_run_records_its_choice_and_a_resumed_run_keeps_it(tmp_path, synthetic
 
 
 def test_a_missing_or_damaged_compute_record_is_named(tmp_path, synthetic_config):
-    from fedcme_core.federation import RunError, run_compute
+    from fedcme_core.rounds import RunError, run_compute
 
     with pytest.raises(RunError, match="compute.json: missing"):
         run_compute(tmp_path / "nothing")

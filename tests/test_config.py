@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedcme_core.algorithms.fedcme import FedCMEConfig
+from fedcme_core.algorithms.fedprox import FedProxConfig
+from fedcme_core.algorithms.moon import MoonConfig
 from fedcme_core.config import (
     ConfigError,
     ExperimentConfig,
-    FedCMEConfig,
-    FedProxConfig,
-    MoonConfig,
     apply_overrides,
     config_from_dict,
     load_config,
@@ -86,7 +86,7 @@ BAD_CONFIGS = [
     ("training:\n  local_epochs: 1\nalgorithm:\n  name: fedcme\n", "training.local_epochs: FedCME with exchange 'classifier' needs at least 2"),
     ("data:\n  dataset: mnist\n", "data.dataset"),
     ("model:\n  name: resnet18\n", "model.name"),
-    ("algorithm:\n  name: scaffold\n", "algorithm.name: unknown algorithm 'scaffold'"),
+    ("algorithm:\n  name: fedopt\n", "algorithm.name: unknown algorithm 'fedopt'"),
     ("algorithm:\n  name: fedprox\n  tau: 0.5\n", "algorithm.tau: unknown key"),
     ("trainig:\n  lr: 0.1\n", "trainig: unknown key"),
     ("training:\n  lr: fast\n", "training.lr"),

@@ -14,11 +14,11 @@ import time
 import pytest
 import torch
 
-from fedcme_core import federation
+from fedcme_core import rounds
 from fedcme_core.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from fedcme_core.exchange import exchange_checkpoints
 from fedcme_core.faults import RoundError, dropped_clients, state_problem, surviving_donors, update_problem
-from fedcme_core.federation import RecoveryWarning, RunPaths, completed_rounds, load_server_state, run_experiment
+from fedcme_core.rounds import RecoveryWarning, RunPaths, completed_rounds, load_server_state, run_experiment
 
 from .helpers import same_state
 from .test_federation import without_timings
@@ -93,12 +93,15 @@ def test_dropouts_are_seeded_per_client_not_by_order():
 
 
 def test_update_problems_are_named():
-    good = {"epoch_losses": [1.0, 0.5], "model": {"w": torch.ones(3)}, "local_features": torch.zeros(2, 4)}
+    good = {"epoch_losses": [1.0, 0.5], "model": {"w": torch.ones(3)}, "report": {"local_features": torch.zeros(2, 4)}}
     assert update_problem(good) is None
     assert update_problem({**good, "model": {"w": torch.tensor([1.0, math.nan])}}) == "non-finite values in w"
     assert "non-finite training loss" in update_problem({**good, "epoch_losses": [math.inf]})
     assert "above federation.max_update_loss" in update_problem({**good, "epoch_losses": [50.0]}, max_loss=10.0)
-    assert update_problem({**good, "local_features": torch.full((2, 4), math.inf)}) == "non-finite local features"
+    assert update_problem({**good, "report": {"local_features": torch.full((2, 4), math.inf)}}) == "non-finite local features"
+    # A report entry of parameter name -> tensor (SCAFFOLD's control-variate delta) is checked tensor by tensor.
+    delta = {"a": torch.zeros(2), "b": torch.tensor([0.0, math.nan])}
+    assert update_problem({**good, "report": {"control_delta": delta}}) == "non-finite control delta"
     assert state_problem({"steps": torch.tensor(3), "w": torch.ones(2)}) is None
 
 
@@ -132,7 +135,7 @@ class FlakyTraining:
     """Wraps the real local-training step: `client` raises on its first `failures` calls."""
 
     def __init__(self, client: int, failures: int, phase: int = 0) -> None:
-        self.real = federation.train_phase_step
+        self.real = rounds.train_phase_step
         self.client, self.failures, self.phase = client, failures, phase
         self.calls = 0
 
@@ -145,14 +148,14 @@ class FlakyTraining:
 
 
 def first_client_of_round_zero(config) -> int:
-    return federation.select_step(config, 0)[0]
+    return rounds.select_step(config, 0)[0]
 
 
 def test_a_client_that_fails_once_is_retried_and_changes_nothing(tmp_path, synthetic_config, monkeypatch):
     config = synthetic_config({"runner.retries": 1})
     straight = run_experiment(config, tmp_path / "straight")
     flaky = FlakyTraining(first_client_of_round_zero(config), failures=1)
-    monkeypatch.setattr(federation, "train_phase_step", flaky)
+    monkeypatch.setattr(rounds.loop, "train_phase_step", flaky)
 
     retried = run_experiment(config, tmp_path / "retried")
 
@@ -164,7 +167,7 @@ def test_a_client_that_fails_once_is_retried_and_changes_nothing(tmp_path, synth
 def test_a_client_that_keeps_failing_leaves_the_round_and_its_partner_trains_alone(tmp_path, synthetic_config, monkeypatch):
     config = synthetic_config({"runner.retries": 1, "runner.keep_round_files": True, "federation.rounds": 1})
     failing = first_client_of_round_zero(config)
-    monkeypatch.setattr(federation, "train_phase_step", FlakyTraining(failing, failures=10))
+    monkeypatch.setattr(rounds.loop, "train_phase_step", FlakyTraining(failing, failures=10))
 
     history = run_experiment(config, tmp_path / "run")
 
@@ -183,7 +186,7 @@ def test_a_client_that_keeps_failing_leaves_the_round_and_its_partner_trains_alo
 def test_too_few_clients_stops_the_round_and_keeps_the_committed_state(tmp_path, synthetic_config, monkeypatch):
     config = synthetic_config({"runner.retries": 0, "federation.min_clients": 4, "federation.rounds": 1})
     failing = first_client_of_round_zero(config)
-    monkeypatch.setattr(federation, "train_phase_step", FlakyTraining(failing, failures=10))
+    monkeypatch.setattr(rounds.loop, "train_phase_step", FlakyTraining(failing, failures=10))
 
     with pytest.raises(RoundError, match=rf"round 0: only 3 clients .*min_clients is 4; client {failing}: local training"):
         run_experiment(config, tmp_path / "run")
@@ -196,7 +199,7 @@ class PoisonedUpload:
     """Runs the real step, then overwrites `client`'s upload with NaN weights (a poisoned update)."""
 
     def __init__(self, client: int) -> None:
-        self.real = federation.train_phase_step
+        self.real = rounds.train_phase_step
         self.client = client
 
     def __call__(self, config, run_dir, round_index, client_id, phase_index, start_checkpoint=None):
@@ -213,7 +216,7 @@ class PoisonedUpload:
 def test_a_poisoned_update_is_rejected_before_aggregation(tmp_path, synthetic_config, monkeypatch):
     config = synthetic_config({"federation.rounds": 1})
     poisoned = first_client_of_round_zero(config)
-    monkeypatch.setattr(federation, "train_phase_step", PoisonedUpload(poisoned))
+    monkeypatch.setattr(rounds.loop, "train_phase_step", PoisonedUpload(poisoned))
 
     history = run_experiment(config, tmp_path / "run")
 
@@ -222,7 +225,7 @@ def test_a_poisoned_update_is_rejected_before_aggregation(tmp_path, synthetic_co
     assert record["failures"][poisoned].startswith("non-finite values in ")
     state = load_server_state(tmp_path / "run", 1)
     assert state_problem(state["model"]) is None
-    assert poisoned not in state["evaluation_vectors"]
+    assert poisoned not in state["algorithm"]["evaluation_vectors"]
     assert math.isfinite(record["test_loss"])
 
 
@@ -260,7 +263,7 @@ def test_a_corrupted_latest_state_resumes_from_the_last_intact_round(tmp_path, s
     assert without_timings(resumed) == without_timings(straight)
     assert (latest.parent / "round-0002.pt.corrupt").exists()
     assert same_state(
-        federation.final_model(synthetic_config(), run_dir), federation.final_model(synthetic_config(), tmp_path / "straight")
+        rounds.final_model(synthetic_config(), run_dir), rounds.final_model(synthetic_config(), tmp_path / "straight")
     )
 
 

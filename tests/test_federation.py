@@ -7,13 +7,12 @@ import torch
 
 from fedcme_core.checkpoints import load_checkpoint, save_checkpoint
 from fedcme_core.evaluation import evaluate
-from fedcme_core.federation import (
+from fedcme_core.rounds import (
     RunError,
     RunPaths,
     SerialExecutor,
     balanced_groups,
     completed_rounds,
-    evaluate_step,
     exchange_step,
     final_model,
     load_experiment_dataset,
@@ -39,8 +38,8 @@ def test_fedcme_two_rounds_end_to_end(tmp_path, synthetic_config):
     assert all(len(record["selected"]) == 4 and len(record["pairs"]) == 2 for record in history)
     assert all(0.0 <= record["test_accuracy"] <= 1.0 and record["test_loss"] > 0 for record in history)
     state = load_server_state(tmp_path / "run", 2)
-    assert state["global_features"]["defined"].any()
-    assert set(state["evaluation_vectors"]) >= set(history[-1]["selected"])
+    assert state["algorithm"]["global_features"]["defined"].any()
+    assert set(state["algorithm"]["evaluation_vectors"]) >= set(history[-1]["selected"])
     assert not (tmp_path / "run" / "rounds").exists() or not any((tmp_path / "run" / "rounds").iterdir())
 
 
@@ -244,18 +243,28 @@ def test_clients_share_one_read_of_the_server_state_until_it_changes(tmp_path, s
     assert shared_server_state(run_dir, 1)["round"] == 99
 
 
+class EvaluateOnOneThread(SerialExecutor):
+    """Runs the evaluate step with the caller on one torch thread, and notes what it returns."""
+
+    def call(self, step, function, *args):
+        if step != "evaluate":
+            return function(*args)
+        torch.set_num_threads(1)
+        self.figures = function(*args)
+        self.threads_after = torch.get_num_threads()
+        return self.figures
+
+
 def test_evaluation_uses_every_core_and_gives_the_one_thread_figures(tmp_path, synthetic_config):
-    config = synthetic_config({"federation.rounds": 1, "runner.keep_round_files": True})
-    run_experiment(config, tmp_path / "run")
+    config = synthetic_config({"federation.rounds": 1})
+    executor = EvaluateOnOneThread()
+    run_experiment(config, tmp_path / "run", executor)
     dataset = load_experiment_dataset(config.data, config.seed)
     model = run_compute(tmp_path / "run").model(final_model(config, tmp_path / "run"))  # the step's layout
-    torch.set_num_threads(1)
 
-    figures = evaluate_step(config, tmp_path / "run", 0)
-
-    assert torch.get_num_threads() == 1  # restored after the step
+    assert executor.threads_after == 1  # restored after the step
     one_thread = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes)
-    assert (figures["test_accuracy"], figures["test_loss"]) == (one_thread.accuracy, one_thread.loss)
+    assert (executor.figures["test_accuracy"], executor.figures["test_loss"]) == (one_thread.accuracy, one_thread.loss)
 
 
 @pytest.mark.parametrize(

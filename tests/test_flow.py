@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from fedcme_core.checkpoints import load_checkpoint
 from fedcme_core.config import load_config
-from fedcme_core.federation import RunPaths, final_model, load_experiment_dataset, load_server_state
+from fedcme_core.rounds import RunPaths, final_model, load_experiment_dataset, load_server_state
 from flows.tracking import ROUND_METRICS
 from flows.train import run_training, wait_for_task_run_records
 

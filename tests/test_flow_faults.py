@@ -17,10 +17,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from fedcme_core import federation
+from fedcme_core import rounds
 from fedcme_core.config import load_config
 from fedcme_core.faults import state_problem
-from fedcme_core.federation import RunPaths, load_server_state
+from fedcme_core.rounds import RunPaths, load_server_state
 from fedcme_core.partition import PartitionError
 from flows.cli import main
 from flows.train import run_training
@@ -36,7 +36,7 @@ def test_a_failing_client_is_retried_then_dropped_and_logged(tmp_path, prefect_s
     overrides = {"runner.workers": 2, "runner.retries": 2, "runner.client_tasks": client_tasks}
     failing = first_client_of_round_zero(load_config(SMOKE))
     flaky = FlakyTraining(failing, failures=10)
-    monkeypatch.setattr(federation, "train_phase_step", flaky)
+    monkeypatch.setattr(rounds, "train_phase_step", flaky)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
     summary = run_training(str(SMOKE), "flaky", overrides=overrides, runs_dir=str(tmp_path / "runs"), tracking_uri=uri)
@@ -136,7 +136,7 @@ BAD_CONFIGS = {
     "E = 1 with exchange": ({"training.local_epochs": 1}, "training.local_epochs"),
     "unknown dataset": ({"data.dataset": "mnist"}, "data.dataset"),
     "unknown model": ({"model.name": "resnet"}, "model.name"),
-    "unknown algorithm": ({"algorithm": {"name": "scaffold"}}, "unknown algorithm 'scaffold'"),
+    "unknown algorithm": ({"algorithm": {"name": "fedopt"}}, "unknown algorithm 'fedopt'"),
     "min_clients > M": ({"federation.min_clients": 5}, "min_clients (5) must be <= clients_per_round"),
     "dropout = 1": ({"federation.dropout": 1.0}, "federation.dropout"),
     "missing mirror": ({"data.dataset": "fmnist", "data.mirror": "/nonexistent/mirror"}, "/nonexistent/mirror"),
@@ -187,8 +187,8 @@ def test_bad_command_line_gets_one_line_and_writes_nothing(tmp_path, capsys, mon
 
 def test_a_partition_of_another_dataset_is_refused_before_training(tmp_path, synthetic_config):
     other = synthetic_config({"seed": 11, "data.synthetic.num_train": 300})
-    federation.prepare_run(other, tmp_path / "other")
+    rounds.prepare_run(other, tmp_path / "other")
 
     with pytest.raises(PartitionError, match=r"other/partition\.npz does not match the dataset: labels sha256"):
-        federation.prepare_run(synthetic_config(), tmp_path / "run", partition_file=RunPaths(tmp_path / "other").partition)
+        rounds.prepare_run(synthetic_config(), tmp_path / "run", partition_file=RunPaths(tmp_path / "other").partition)
     assert not (tmp_path / "run" / "server").exists()

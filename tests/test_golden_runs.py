@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from fedcme_core.config import apply_overrides, config_from_dict
-from fedcme_core.federation import final_model, run_experiment
+from fedcme_core.rounds import final_model, run_experiment
 
 from .conftest import SYNTHETIC
 

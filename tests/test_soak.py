@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from fedcme_core.federation import completed_rounds
+from fedcme_core.rounds import completed_rounds
 from flows.train import run_training
 
 from .conftest import REPO_ROOT

@@ -5,8 +5,15 @@ Everything FedAvg needs is the default behaviour of :class:`~.base.Algorithm`.
 
 from __future__ import annotations
 
+from typing import Literal
+
+from ..frozen import Frozen
 from .base import Algorithm
 
 
+class FedAvgConfig(Frozen):
+    name: Literal["fedavg"] = "fedavg"
+
+
 class FedAvg(Algorithm):
-    name = "fedavg"
+    config_class = FedAvgConfig

@@ -15,15 +15,26 @@ configs rather than code:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
-import numpy as np
 import torch
+from pydantic import Field
 
-from ..features import GlobalFeatures, alignment_loss
-from ..matching import counterparts, many_to_one_round, match_round
+from ..features import GlobalFeatures, aggregate_global_features, alignment_loss, local_statistics
+from ..frozen import Frozen
+from ..matching import counterparts, eval_subset, evaluation_vector, many_to_one_round, match_round
 from ..models import SplitModel
 from ..training import ClientHooks
-from .base import Algorithm, ClientContext, Matching
+from .base import Algorithm, ClientContext, Matching, ServerState, Upload
+
+
+class FedCMEConfig(Frozen):
+    name: Literal["fedcme"] = "fedcme"
+    mu: float = Field(0.01, ge=0, description="feature-alignment weight; 0 disables alignment")
+    exchange: Literal["none", "classifier", "extractor", "model"] = "classifier"
+    matching: Literal["pairwise", "many_to_one"] = "pairwise"
+    eval_fraction: float = Field(0.2, gt=0, le=1)
+    align_reduction: Literal["mean", "sum"] = "mean"
 
 
 class AlignmentHooks(ClientHooks):
@@ -38,26 +49,77 @@ class AlignmentHooks(ClientHooks):
 
 
 class FedCME(Algorithm):
-    name = "fedcme"
-    uses_evaluation_vectors = True
+    """Server state: ``global_features`` (zeta^t, None before the first aggregation) and
+    ``evaluation_vectors`` (client -> eps_k from its latest round, the matching's input)."""
+
+    config_class = FedCMEConfig
 
     def __init__(self, config) -> None:
         super().__init__(config)
         self.exchange_part = config.exchange
-        self.uses_global_features = config.mu > 0
 
+    @property
+    def aligns(self) -> bool:
+        return self.config.mu > 0
+
+    # ------------------------------------------------------------- matching and exchange
+    def match(self, selected: Sequence[int], server: ServerState, *, seed: int, round_index: int) -> Matching:
+        if self.exchange_part == "none":
+            return Matching()
+        vectors = {int(client): vector.numpy() for client, vector in server.get("evaluation_vectors", {}).items()}
+        if self.config.matching == "many_to_one":
+            donors = many_to_one_round(selected, vectors, seed=seed, round_index=round_index)
+            return Matching(pairs=sorted(donors.items()), donors=donors)
+        pairs = match_round(selected, vectors, seed=seed, round_index=round_index)
+        return Matching(pairs=pairs, donors=counterparts(pairs))
+
+    # ------------------------------------------------------------------------ client side
     def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
+        features = context.server.get("global_features")
         # No alignment before the server holds global features (round 0).
-        if self.config.mu == 0 or context.global_features is None or not context.global_features.any_defined:
+        if not self.aligns or features is None:
+            return ClientHooks()
+        global_features = GlobalFeatures.from_dict(features)
+        if not global_features.any_defined:
             return ClientHooks()
         device = next(model.parameters()).device
-        return AlignmentHooks(context.global_features, self.config.mu, self.config.align_reduction, device)
+        return AlignmentHooks(global_features, self.config.mu, self.config.align_reduction, device)
 
-    def match(self, selected: Sequence[int], evaluation_vectors: Mapping[int, np.ndarray], *, seed: int, round_index: int) -> Matching:
-        if not self.exchanges:
-            return Matching()
-        if self.config.matching == "many_to_one":
-            donors = many_to_one_round(selected, evaluation_vectors, seed=seed, round_index=round_index)
-            return Matching(pairs=sorted(donors.items()), donors=donors)
-        pairs = match_round(selected, evaluation_vectors, seed=seed, round_index=round_index)
-        return Matching(pairs=pairs, donors=counterparts(pairs))
+    def client_report(self, model: SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
+                      context: ClientContext, hooks: ClientHooks) -> dict[str, Any]:
+        """SPEC step 7: eps_k^t on a random subset D_eval_k of D_k and the local features
+        zeta_k^t, in one pass over D_k when both are used."""
+        num_classes = len(context.class_counts)
+        # Recorded with or without exchange, so the no-exchange ablation's matching can be drawn.
+        subset = eval_subset(labels.cpu().numpy(), self.config.eval_fraction, seed=context.seed,
+                             round_index=context.round_index, client_id=context.client_id)
+        if not self.aligns:
+            return {"evaluation_vector": torch.from_numpy(
+                evaluation_vector(model, inputs[subset], labels[subset], num_classes))}
+        statistics = local_statistics(model, inputs, labels, num_classes, eval_positions=subset)
+        return {"local_features": statistics.feature_means, "feature_counts": statistics.feature_counts,
+                "evaluation_vector": torch.from_numpy(statistics.evaluation_vector)}
+
+    # ------------------------------------------------------------------------ server side
+    def initial_server_state(self, global_state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        return {"global_features": None, "evaluation_vectors": {}}
+
+    def aggregate_state(self, server: ServerState, uploads: Sequence[Upload], num_clients: int) -> dict[str, Any]:
+        """SPEC step 8: zeta^{t+1} (D_k-weighted, with memory of absent classes) and the
+        evaluation-vector table updated with this round's vectors."""
+        features = server["global_features"]
+        if self.aligns:
+            previous = GlobalFeatures.from_dict(features) if features is not None else None
+            features = aggregate_global_features(
+                [(u.report["local_features"], u.report["feature_counts"], float(u.num_samples)) for u in uploads], previous
+            ).to_dict()
+        vectors = dict(server["evaluation_vectors"])
+        vectors.update({upload.client: upload.report["evaluation_vector"] for upload in uploads
+                        if "evaluation_vector" in upload.report})
+        return {"global_features": features, "evaluation_vectors": vectors}
+
+    def round_record(self, uploads: Sequence[Upload]) -> dict[str, Any]:
+        return {"evaluation_vectors": {
+            int(upload.client): [float(value) for value in upload.report["evaluation_vector"]]
+            for upload in uploads if "evaluation_vector" in upload.report
+        }}

@@ -5,8 +5,12 @@ The proximal term runs over the trainable parameters; mu = 0 is FedAvg exactly.
 
 from __future__ import annotations
 
-import torch
+from typing import Literal
 
+import torch
+from pydantic import Field
+
+from ..frozen import Frozen
 from ..models import SplitModel
 from ..training import ClientHooks
 from .base import Algorithm, ClientContext
@@ -25,8 +29,13 @@ class ProximalHooks(ClientHooks):
         return 0.5 * self.mu * squared_distance
 
 
+class FedProxConfig(Frozen):
+    name: Literal["fedprox"] = "fedprox"
+    mu: float = Field(0.01, ge=0)
+
+
 class FedProx(Algorithm):
-    name = "fedprox"
+    config_class = FedProxConfig
 
     def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
         if self.config.mu == 0:

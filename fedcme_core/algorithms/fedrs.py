@@ -8,9 +8,13 @@ alpha = 1 is FedAvg exactly.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import torch
+from pydantic import Field
 
+from ..frozen import Frozen
 from ..models import SplitModel
 from ..training import ClientHooks
 from .base import Algorithm, ClientContext
@@ -36,8 +40,16 @@ class RestrictedSoftmaxHooks(ClientHooks):
         return logits * self.scale.to(logits.device)  # [B, C]
 
 
+class FedRSConfig(Frozen):
+    name: Literal["fedrs"] = "fedrs"
+    alpha: float = Field(0.5, gt=0, le=1)
+    # presence: s_c = 1 if the client holds c else alpha (the paper);
+    # proportional: s_c = alpha + (1 - alpha) * n_c / max_j n_j (the authors' code).
+    scaling: Literal["presence", "proportional"] = "presence"
+
+
 class FedRS(Algorithm):
-    name = "fedrs"
+    config_class = FedRSConfig
 
     def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
         return RestrictedSoftmaxHooks(class_scaling(context.class_counts, self.config.alpha, self.config.scaling))

@@ -4,15 +4,20 @@
 
 z is the projection-head output of the local model ([B, p], what ``features`` returns),
 z_glob that of the frozen global model w^t, z_prev that of the client's previous local
-model (the global model when the client has none yet). The previous model is per-client
-state kept on disk between rounds.
+model (the global model when the client has none yet). The previous model is the state
+MOON keeps for each client between its rounds (``client_state``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Literal
+
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
+from ..frozen import Frozen
 from ..models import SplitModel
 from ..training import ClientHooks
 from .base import Algorithm, ClientContext, frozen_copy
@@ -36,14 +41,24 @@ class ContrastiveHooks(ClientHooks):
         return self.mu * F.cross_entropy(contrast_logits, targets)
 
 
+class MoonConfig(Frozen):
+    name: Literal["moon"] = "moon"
+    mu: float = Field(1.0, ge=0)
+    tau: float = Field(0.5, gt=0)
+
+
 class Moon(Algorithm):
-    name = "moon"
-    keeps_client_state = True
+    config_class = MoonConfig
 
     def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
         if self.config.mu == 0:
             return ClientHooks()
         global_model = frozen_copy(model, context.global_state)
-        previous_state = context.previous_state if context.previous_state is not None else context.global_state
+        previous_state = context.client_state["model"] if context.client_state is not None else context.global_state
         previous_model = frozen_copy(model, previous_state)
         return ContrastiveHooks(global_model, previous_model, self.config.mu, self.config.tau)
+
+    def client_state(self, model_state: Mapping[str, torch.Tensor], report: Mapping[str, Any],
+                     context: ClientContext) -> dict[str, Any]:
+        """z_prev's model for the client's next round: its local model of this round."""
+        return {"model": dict(model_state)}

@@ -1,0 +1,57 @@
+"""The round of every algorithm, as steps over files in a run directory (SPEC.md, "FedCME round t").
+
+Rooms: ``store`` (every read, write, commit and garbage collection of the run directory),
+``setup`` (dataset, partition, layout and precision, round 0, recovery), ``steps`` (the
+round's steps, thin), ``executors`` (where steps run) and ``loop`` (the one round loop).
+The names below are the package's public face.
+"""
+
+from __future__ import annotations
+
+from .executors import Executor, SerialExecutor, balanced_groups, largest_first, with_retries
+from .loop import run_experiment, run_round
+from .setup import (
+    available_cores,
+    experiment_subset,
+    final_model,
+    load_experiment_dataset,
+    make_partition,
+    new_model,
+    prepare_run,
+    resolve_run_compute,
+    run_compute,
+    run_partition,
+    torch_threads,
+)
+from .steps import (
+    aggregate_step,
+    commit_round,
+    evaluate_step,
+    exchange_step,
+    match_step,
+    select_step,
+    train_phase_step,
+)
+from .store import (
+    RecoveryWarning,
+    RunError,
+    RunPaths,
+    check_experiment_name,
+    completed_rounds,
+    experiment_run_dir,
+    last_intact_round,
+    load_server_state,
+    run_compute_choice,
+    run_directory_matches,
+    shared_server_state,
+)
+
+__all__ = [
+    "Executor", "RecoveryWarning", "RunError", "RunPaths", "SerialExecutor", "aggregate_step", "available_cores",
+    "balanced_groups", "check_experiment_name", "commit_round", "completed_rounds", "evaluate_step",
+    "exchange_step", "experiment_run_dir", "experiment_subset", "final_model", "largest_first",
+    "last_intact_round", "load_experiment_dataset", "load_server_state", "make_partition", "match_step",
+    "new_model", "prepare_run", "resolve_run_compute", "run_compute", "run_compute_choice",
+    "run_directory_matches", "run_experiment", "run_partition", "run_round", "select_step", "shared_server_state",
+    "torch_threads", "train_phase_step", "with_retries",
+]

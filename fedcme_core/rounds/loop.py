@@ -1,0 +1,137 @@
+"""The one round loop of every algorithm, and the experiment loop around it.
+
+A run killed mid-round resumes from the last committed round with identical results (the
+round's files are inputs only; a round becomes visible at its commit). Clients that drop
+out, fail or send unusable updates are left out of the round (``faults.py``) as long as
+``federation.min_clients`` remain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..algorithms import build_algorithm
+from ..config import ExperimentConfig
+from ..faults import StepFailure, dropped_clients, surviving_donors
+from . import store
+from .executors import Executor, SerialExecutor, largest_first
+from .setup import prepare_run
+from .steps import (
+    aggregate_step,
+    commit_round,
+    evaluate_step,
+    exchange_step,
+    match_step,
+    phase_two_start,
+    select_step,
+    train_phase_step,
+)
+
+
+def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, executor: Executor) -> dict[str, Any]:
+    """One global round of any algorithm (the only round loop body); returns its record."""
+    run_dir = str(run_dir)
+    algorithm = build_algorithm(config.algorithm)
+    round_started = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def timed(name: str, action: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        result = action()
+        timings[f"{name}_seconds"] = time.perf_counter() - started
+        return result
+
+    selected = executor.call("select", select_step, config, round_index)
+    matching = executor.call("match", match_step, config, run_dir, round_index, selected)
+    # Simulated availability: the server matched them, but they never train this round.
+    dropped = dropped_clients(selected, config.federation.dropout, seed=config.seed, round_index=round_index)
+    training = [client for client in selected if client not in dropped]
+    failed: dict[int, str] = {}
+
+    # Largest client first: a phase ends when its slowest worker does, and longest-first
+    # submission to the workers' FIFO queue keeps the last tasks short (LPT scheduling).
+    client_sizes = {client: len(indices) for client, indices in enumerate(store.run_partition_file(run_dir).clients)}
+
+    def train_phase(phase_index: int, starts: dict[int, str]) -> list[dict[str, Any]]:
+        """Train `training` for one phase; clients whose task still fails after retries leave the round."""
+        order = largest_first(training, client_sizes)
+        arguments = [(config, run_dir, round_index, client, phase_index, starts.get(client)) for client in order]
+        costs = [float(client_sizes[client]) for client in order]
+        results = executor.map("train_phase", train_phase_step, arguments, config.runner.retries, costs)
+        results = dict(zip(order, results, strict=True))
+        finished = []
+        for client in list(training):
+            if isinstance(results[client], StepFailure):
+                failed[client] = f"local training (phase {phase_index + 1}) failed: {results[client].reason}"
+                training.remove(client)
+            else:
+                finished.append(results[client])
+        return finished
+
+    phases = algorithm.phases(config.training.local_epochs)
+    summaries = timed("phase1", lambda: train_phase(0, {}))
+    phase_summaries = [summaries]
+    if len(phases) == 2:
+        # SPEC step 5: counterparts exchange; one whose partner is lost trains on with its own model.
+        donors = surviving_donors({int(r): int(d) for r, d in matching["donors"].items()}, training)
+        exchanged = timed("exchange", lambda: executor.call("exchange", exchange_step, config, run_dir, round_index, donors))
+        starts = {client: phase_two_start(run_dir, round_index, client, exchanged) for client in training}
+        phase_summaries.append(timed("phase2", lambda: train_phase(1, starts)))
+        summaries = summaries + phase_summaries[-1]
+    lost = {**{client: "dropped out (simulated availability)" for client in dropped}, **failed}
+    aggregate = timed(
+        "aggregate", lambda: executor.call("aggregate", aggregate_step, config, run_dir, round_index, training, lost)
+    )
+    metrics = timed("evaluate", lambda: executor.call("evaluate", evaluate_step, config, run_dir, round_index))
+    record = {
+        "round": round_index,
+        "selected": [int(client) for client in selected],
+        "pairs": matching["pairs"],
+        **aggregate["algorithm_record"],  # what the algorithm records of the uploads
+        "train_loss": aggregate["train_loss"],
+        **metrics,
+        "client_train_seconds": float(sum(summary["seconds"] for summary in summaries)),
+        # Local training plus the client's step-7 report (features, evaluation vector).
+        "client_work_seconds": float(sum(summary["work_seconds"] for summary in summaries)),
+        # The longest client's work in each phase, summed: no layout finishes a round's phases sooner.
+        "critical_client_seconds": float(
+            sum(max((summary["work_seconds"] for summary in phase), default=0.0) for phase in phase_summaries)
+        ),
+        "samples_trained": int(sum(summary["samples"] for summary in summaries)),
+        "aggregated_clients": aggregate["clients"],
+        "dropped_clients": len(dropped),
+        "failed_clients": len(failed),
+        "rejected_clients": len(aggregate["rejected"]),
+        "failures": {**failed, **aggregate["rejected"]},
+        **timings,
+    }
+    record["round_seconds"] = time.perf_counter() - round_started
+    return executor.call("commit", commit_round, config, run_dir, round_index, record)
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    run_dir: str | Path,
+    executor: Executor | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    partition_file: str | Path | None = None,
+    on_start: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Train for config.federation.rounds rounds, resuming a partial run; returns the history.
+
+    `on_start` receives the history of the rounds already committed (a resumed run),
+    `on_round` each new round's record after its commit.
+    """
+    executor = executor or SerialExecutor()
+    run_dir = str(run_dir)
+    executor.call("prepare", prepare_run, config, run_dir, None if partition_file is None else str(partition_file))
+    if on_start is not None:
+        on_start(store.load_server_state(run_dir, store.completed_rounds(run_dir))["history"])
+    for round_index in range(store.completed_rounds(run_dir), config.federation.rounds):
+        record = run_round(config, run_dir, round_index, executor)
+        if on_round is not None:
+            on_round(record)
+    return store.load_server_state(run_dir, store.completed_rounds(run_dir))["history"]

@@ -1,0 +1,157 @@
+"""Set-up and recovery of a run: its dataset, partition, layout and precision, and round 0.
+
+The DVC stages (``flows/stages.py``) call the same functions for the subset and the
+partition, so a stage's partition file is the one a run would make itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import compute as compute_module
+from .. import data as data_module
+from ..algorithms import build_algorithm
+from ..compute import Compute, ComputeChoice
+from ..config import ExperimentConfig, PartitionConfig
+from ..models import SplitModel, build_model, resolve_device
+from ..partition import Partition, class_counts, load_partition, save_partition
+from ..seeding import derive_seed
+from ..training import FP32
+from . import store
+from .store import RunError, RunPaths
+
+
+def experiment_subset(dataset: data_module.Dataset, train: int | None, test: int | None, seed: int) -> data_module.Dataset:
+    """The seeded train/test subsets of an experiment (``data.train_subset``, ``data.test_subset``)."""
+    if train is None and test is None:
+        return dataset
+    return data_module.subset(dataset, train=train, test=test, seed=derive_seed(seed, "subset"))
+
+
+@functools.lru_cache(maxsize=2)
+def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
+    """The configured dataset (and subsets), loaded once per process, in PyTorch's default layout:
+    a client's rows are put in the run's layout when it trains (a copy of the whole dataset in
+    another layout would raise the peak memory by that much: 1.19x for CIFAR-10, bench/round.py)."""
+    synthetic = data_config.synthetic
+    if data_config.prepared_dir is not None:
+        dataset = data_module.load_prepared(Path(data_config.prepared_dir), expected_name=data_config.dataset)
+    else:
+        dataset = data_module.load_dataset(
+            data_config.dataset,
+            data_dir=Path(data_config.data_dir),
+            mirror=data_module.resolve_mirror(data_config.mirror),
+            synthetic=data_module.SyntheticSpec(
+                num_train=synthetic.num_train,
+                num_test=synthetic.num_test,
+                shape=tuple(synthetic.shape),
+                noise=synthetic.noise,
+                seed=seed,
+            ),
+        )
+    return experiment_subset(dataset, data_config.train_subset, data_config.test_subset, seed)
+
+
+def make_partition(labels: np.ndarray, partition: PartitionConfig, num_clients: int, seed: int) -> Partition:
+    """SPEC "Data": the clients' sample indices for labels [N]."""
+    return Partition.create(labels, method=partition.method, num_clients=num_clients, alpha=partition.alpha,
+                            seed=seed, min_size=partition.min_size, sigma=partition.sigma)
+
+
+def run_partition(config: ExperimentConfig, run_dir: str | Path) -> tuple[Partition, np.ndarray]:
+    """The run's partition and its class counts [K, C] (read once per process)."""
+    dataset = load_experiment_dataset(config.data, config.seed)
+    partition = store.run_partition_file(run_dir)
+    return partition, class_counts(dataset.y_train.numpy(), partition.clients, dataset.num_classes)
+
+
+def new_model(config: ExperimentConfig, num_classes: int, device: torch.device | None = None,
+              compute: Compute = FP32) -> SplitModel:
+    model = build_model(config.model.name, num_classes, config.projection_dim, seed=derive_seed(config.seed, "init"))
+    return compute.model(model.to(device if device is not None else resolve_device(config.device)))
+
+
+def available_cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with `count` torch intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def resolve_run_compute(config: ExperimentConfig, num_classes: int) -> ComputeChoice:
+    """Layout and precision for a new run: fixed by the config, or calibrated on its model and
+    batch shape (on one thread, whatever the runner, so every runner chooses alike)."""
+    device = resolve_device(config.device)
+    training = config.training
+    key = f"{config.model.name}|{config.projection_dim}|{config.input_shape}|batch {training.batch_size}"
+    step = compute_module.training_step(config.model.name, num_classes, config.projection_dim, config.input_shape,
+                                        training, device)
+    with torch_threads(1):
+        return compute_module.resolve(training.channels_last, training.precision, device, key, step)
+
+
+def run_compute(run_dir: str | Path) -> Compute:
+    """The run's layout and precision, as `prepare_run` recorded them (read once per process)."""
+    return store.run_compute_choice(run_dir).compute
+
+
+def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None = None) -> int:
+    """Create (or reopen) a run directory: config, partition, the round-0 server state.
+
+    Reopening with a different config is refused, so a resumed run is the same experiment.
+    Returns the number of rounds already completed.
+    """
+    paths = RunPaths(run_dir)
+    if paths.config.exists():
+        store.write_config(config, run_dir)  # refuses another config before anything is touched
+    dataset = load_experiment_dataset(config.data, config.seed)
+    labels = dataset.y_train.numpy()
+    store.last_intact_round(paths.root)
+    if not paths.partition.exists():
+        if partition_file is not None:
+            partition = load_partition(Path(partition_file), labels=labels)
+            if partition.params["num_clients"] != config.federation.num_clients:
+                raise RunError(
+                    f"{partition_file}: has {partition.params['num_clients']} clients, "
+                    f"the config's federation.num_clients is {config.federation.num_clients}"
+                )
+        else:
+            partition = make_partition(labels, config.partition, config.federation.num_clients, config.seed)
+        save_partition(partition, paths.partition)
+    else:
+        load_partition(paths.partition, labels=labels)
+    if not paths.compute.exists():  # a resumed run keeps the layout and precision it chose
+        store.write_compute_choice(run_dir, resolve_run_compute(config, dataset.num_classes))
+    store.write_config(config, run_dir)
+    if store.completed_rounds(paths.root) == 0 and not paths.server_state(0).exists():
+        model_state = new_model(config, dataset.num_classes, torch.device("cpu")).state_dict()
+        algorithm = build_algorithm(config.algorithm)
+        store.write_initial_server_state(run_dir, model_state, algorithm.initial_server_state(model_state))
+    return store.completed_rounds(paths.root)
+
+
+def final_model(config: ExperimentConfig, run_dir: str | Path) -> SplitModel:
+    """The global model after the last committed round."""
+    dataset = load_experiment_dataset(config.data, config.seed)
+    model = new_model(config, dataset.num_classes, torch.device("cpu"))
+    model.load_state_dict(store.load_server_state(run_dir, store.completed_rounds(run_dir))["model"])
+    return model

@@ -1,0 +1,209 @@
+"""The steps of one global round (SPEC.md, "FedCME round t"), each a thin function of
+(config, run directory, round, client) that reads and writes through the run store and
+returns small plain data, so any executor can run it on any worker.
+
+    select -> match -> phase 1 (local training; an exchanging algorithm stops at floor(E/2)
+           and writes swap checkpoints) -> exchange (barrier) -> phase 2 -> upload (step 7)
+           -> aggregate (w^{t+1} and the algorithm's state) -> evaluate -> commit
+
+What differs between algorithms is asked of the algorithm's hooks (``fedcme_core.algorithms``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..aggregation import select_clients, weighted_average
+from ..algorithms import ClientContext, Upload, build_algorithm
+from ..augment import augmentation
+from ..checkpoints import CheckpointError
+from ..config import ExperimentConfig
+from ..evaluation import evaluate
+from ..faults import require_enough_clients, update_problem
+from ..models import resolve_device
+from ..seeding import torch_generator
+from ..training import load_local_run, save_local_run, start_local_run, train_epochs
+from . import store
+from .setup import available_cores, load_experiment_dataset, new_model, run_compute, run_partition, torch_threads
+from .store import RunError, RunPaths
+
+
+def select_step(config: ExperimentConfig, round_index: int) -> list[int]:
+    """SPEC step 1: M of K clients, seeded by (seed, round)."""
+    federation = config.federation
+    return select_clients(federation.num_clients, federation.clients_per_round, seed=config.seed, round_index=round_index)
+
+
+def match_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, selected: list[int]) -> dict[str, Any]:
+    """SPEC step 2 (Algorithm 1, line 8: MakeMatching): pairs and receiver -> donor."""
+    state = store.load_server_state(run_dir, round_index)
+    matching = build_algorithm(config.algorithm).match(selected, state["algorithm"], seed=config.seed,
+                                                       round_index=round_index)
+    return {
+        "pairs": [[int(a), int(b)] for a, b in matching.pairs],
+        "donors": {int(receiver): int(donor) for receiver, donor in matching.donors.items()},
+    }
+
+
+def client_context(config: ExperimentConfig, run_dir: str | Path, state: dict[str, Any], round_index: int,
+                   client_id: int, counts: np.ndarray) -> ClientContext:
+    """SPEC step 3: what the server sends client k (w^t, the algorithm's state) and what was kept for it."""
+    return ClientContext(
+        client_id=client_id,
+        round_index=round_index,
+        class_counts=counts[client_id],
+        global_state=state["model"],
+        server=state["algorithm"],
+        client_state=store.load_client_state(run_dir, client_id, state["client_state_rounds"].get(client_id)),
+        seed=config.seed,
+        learning_rate=config.training.lr,
+    )
+
+
+def train_phase_step(
+    config: ExperimentConfig,
+    run_dir: str | Path,
+    round_index: int,
+    client_id: int,
+    phase_index: int,
+    start_checkpoint: str | None = None,
+) -> dict[str, Any]:
+    """SPEC steps 4, 6, 7: one client's local phase; the last phase also writes the upload.
+
+    Phase 0 starts from the global model w^t; a later phase resumes `start_checkpoint`
+    (the swap checkpoint, or its exchanged version). Returns small plain data.
+    """
+    paths = RunPaths(run_dir)
+    algorithm = build_algorithm(config.algorithm)
+    compute = run_compute(run_dir)
+    dataset = load_experiment_dataset(config.data, config.seed)
+    partition, counts = run_partition(config, run_dir)
+    state = store.shared_server_state(run_dir, round_index)
+    device = resolve_device(config.device)
+    indices = torch.tensor(partition.clients[client_id])
+    # Once per client and phase, so that every batch is gathered in the run's layout.
+    inputs = compute.layout(dataset.x_train[indices].to(device))  # [D_k, C_in, H, W]
+    labels = dataset.y_train[indices].to(device)  # [D_k]
+
+    model = new_model(config, dataset.num_classes, device, compute)
+    phases = algorithm.phases(config.training.local_epochs)
+    first_epoch, last_epoch = phases[phase_index]
+    if phase_index == 0:
+        model.load_state_dict(state["model"])
+        run = start_local_run(model, config.training, torch_generator(config.seed, "train", round_index, client_id))
+    else:
+        if start_checkpoint is None:
+            raise RunError(f"phase {phase_index} of client {client_id} needs a start checkpoint")
+        run = load_local_run(start_checkpoint, model, config.training)
+        if run.epochs_done != first_epoch:
+            raise CheckpointError(f"{start_checkpoint}: holds {run.epochs_done} epochs, phase starts at {first_epoch}")
+    context = client_context(config, run_dir, state, round_index, client_id, counts)
+    hooks = algorithm.client_hooks(model, context)
+
+    started = time.perf_counter()
+    train_epochs(run, inputs, labels, hooks, last_epoch - first_epoch, config.training.batch_size, compute,
+                 augmentation(config.augmentation))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    summary = {"client": client_id, "phase": phase_index, "seconds": seconds, "work_seconds": seconds,
+               "samples": int(labels.shape[0]) * (last_epoch - first_epoch), "loss": run.epoch_losses[-1]}
+    if phase_index < len(phases) - 1:
+        save_local_run(run, paths.swap_checkpoint(round_index, client_id), client=client_id, round=round_index)
+        return summary
+
+    model_state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
+    started = time.perf_counter()
+    report = algorithm.client_report(model, inputs, labels, context, hooks)
+    summary["work_seconds"] += time.perf_counter() - started
+    kept = algorithm.client_state(model_state, report, context)
+    if kept is not None:
+        store.save_client_state(run_dir, client_id, round_index, kept)
+    store.save_upload(run_dir, round_index, client_id, {
+        "client": client_id, "round": round_index, "num_samples": int(labels.shape[0]), "model": model_state,
+        "epoch_losses": list(run.epoch_losses), "report": report, "keeps_state": kept is not None,
+    })
+    return summary
+
+
+def exchange_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, donors: dict[int, int]) -> dict[int, str]:
+    """SPEC step 5 (barrier): returns each receiver's phase-2 start checkpoint."""
+    paths = RunPaths(run_dir)
+    clients = {*donors, *donors.values()}
+    sources = {client: paths.swap_checkpoint(round_index, client) for client in clients}
+    destinations = {client: paths.exchanged_checkpoint(round_index, client) for client in donors}
+    received = build_algorithm(config.algorithm).exchange(sources, donors, destinations)
+    return {client: str(destinations[client]) for client in received}
+
+
+def phase_two_start(run_dir: str | Path, round_index: int, client_id: int, exchanged: dict[int, str]) -> str:
+    return exchanged.get(client_id, str(RunPaths(run_dir).swap_checkpoint(round_index, client_id)))
+
+
+def usable_uploads(config: ExperimentConfig, run_dir: str | Path, round_index: int,
+                   clients: list[int]) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    """The uploads the server accepts, and client -> why each other upload is rejected."""
+    accepted, rejected = [], {}
+    for client in sorted(clients):
+        try:
+            upload = store.load_upload(run_dir, round_index, client)
+        except CheckpointError as error:
+            rejected[int(client)] = str(error)
+            continue
+        problem = update_problem(upload, config.federation.max_update_loss)
+        if problem is None:
+            accepted.append(upload)
+        else:
+            rejected[int(client)] = problem
+    return accepted, rejected
+
+
+def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, clients: list[int],
+                   lost: dict[int, str] | None = None) -> dict[str, Any]:
+    """SPEC step 8: w^{t+1} (weighted by D_k) and the algorithm's server state, held for commit.
+
+    Updates with non-finite values or a diverged loss are rejected first; `lost` (client ->
+    reason) names the clients that dropped out or failed, for the error when too few remain.
+    """
+    algorithm = build_algorithm(config.algorithm)
+    state = store.load_server_state(run_dir, round_index)
+    files, rejected = usable_uploads(config, run_dir, round_index, clients)
+    require_enough_clients(round_index, len(files), config.federation.min_clients, {**(lost or {}), **rejected})
+    uploads = [Upload(int(f["client"]), int(f["num_samples"]), f["model"], f["report"]) for f in files]
+    weights = [float(upload.num_samples) for upload in uploads]
+    client_state_rounds = dict(state["client_state_rounds"])
+    client_state_rounds.update({int(f["client"]): round_index for f in files if f["keeps_state"]})
+    store.hold_aggregate(run_dir, round_index, {
+        "model": weighted_average([upload.model for upload in uploads], weights),
+        "algorithm": algorithm.aggregate_state(state["algorithm"], uploads, config.federation.num_clients),
+        "client_state_rounds": client_state_rounds,
+    })
+    train_loss = float(np.average([f["epoch_losses"][-1] for f in files], weights=weights))
+    return {"train_loss": train_loss, "clients": len(uploads), "rejected": rejected,
+            "algorithm_record": algorithm.round_record(uploads)}
+
+
+def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int) -> dict[str, Any]:
+    """Test-set accuracy and loss of the aggregated global model w^{t+1}.
+
+    The round's clients have finished, so the evaluation takes every core of its machine
+    (same figures as on one thread: the batches' per-sample results do not depend on it).
+    """
+    dataset = load_experiment_dataset(config.data, config.seed)
+    model = new_model(config, dataset.num_classes, compute=run_compute(run_dir))
+    model.load_state_dict(store.held_aggregate(run_dir, round_index)["model"])
+    with torch_threads(available_cores()):
+        result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes)
+    return {"test_accuracy": result.accuracy, "test_loss": result.loss,
+            "per_class_accuracy": [float(value) for value in result.per_class_accuracy]}
+
+
+def commit_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, record: dict[str, Any]) -> dict[str, Any]:
+    """Make round t visible (the atomic rename of the next server state); returns the record."""
+    store.commit_server_state(run_dir, round_index, record, config.runner.keep_round_files)
+    return record

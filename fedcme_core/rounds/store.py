@@ -1,0 +1,277 @@
+"""The run store: every read, write, atomic commit and garbage collection of a run directory.
+
+    <run>/config.json                   the config that defines the results (no rounds, no runner)
+    <run>/partition.npz                 the clients' sample indices
+    <run>/compute.json                  the layout and precision chosen at the start
+    <run>/server/round-XXXX.pt          the server state after XXXX rounds (this and the one before)
+    <run>/rounds/XXXX/client-*-*.pt     a round's swap, exchanged and upload checkpoints
+    <run>/clients/client-K-round-R.pt   what the algorithm keeps for client K since round R
+
+A server state is {round, model (w^t), algorithm (the algorithm's own state), client_state_rounds
+(client -> the round of its kept state), history (the round records)}. A round becomes visible
+when :func:`commit_server_state` renames the next server state into place; the pending
+aggregate between the aggregate and commit steps lives in this process's memory only (a crash
+before the rename redoes the round from its uploads).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..checkpoints import CheckpointError, atomic_write_bytes, load_checkpoint, save_checkpoint
+from ..compute import ComputeChoice
+from ..partition import Partition, load_partition
+
+
+class RunError(ValueError):
+    """A run directory cannot be used for this config; the message says why."""
+
+
+class RecoveryWarning(UserWarning):
+    """A run directory held a corrupted file; the run resumes from the last intact round."""
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a run keeps its files (everything under one directory)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def partition(self) -> Path:
+        return self.root / "partition.npz"
+
+    @property
+    def compute(self) -> Path:
+        """The run's memory layout and precision, resolved once (fedcme_core.compute)."""
+        return self.root / "compute.json"
+
+    def server_state(self, round_index: int) -> Path:
+        """The server state at the start of round `round_index` (after `round_index` rounds)."""
+        return self.root / "server" / f"round-{round_index:04d}.pt"
+
+    def round_dir(self, round_index: int) -> Path:
+        return self.root / "rounds" / f"{round_index:04d}"
+
+    def swap_checkpoint(self, round_index: int, client_id: int) -> Path:
+        return self.round_dir(round_index) / f"client-{client_id:04d}-swap.pt"
+
+    def exchanged_checkpoint(self, round_index: int, client_id: int) -> Path:
+        return self.round_dir(round_index) / f"client-{client_id:04d}-exchanged.pt"
+
+    def upload(self, round_index: int, client_id: int) -> Path:
+        return self.round_dir(round_index) / f"client-{client_id:04d}-upload.pt"
+
+    def client_state(self, client_id: int, round_index: int) -> Path:
+        return self.root / "clients" / f"client-{client_id:04d}-round-{round_index:04d}.pt"
+
+
+EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_experiment_name(name: str) -> str:
+    """An experiment name is one path component: letters, digits, '.', '_', '-' (no '/', no '..')."""
+    if not EXPERIMENT_NAME.match(name) or ".." in name:
+        raise RunError(f"experiment name {name!r}: use letters, digits, '.', '_' and '-' only (no '/' or '..')")
+    return name
+
+
+def experiment_run_dir(runs_dir: str | Path, experiment: str) -> Path:
+    """runs_dir/experiment, for a name that cannot escape `runs_dir`."""
+    return Path(runs_dir) / check_experiment_name(experiment)
+
+
+# ------------------------------------------------------------------ config and compute
+def config_json(config) -> str:
+    """The config that defines a run's results: without `federation.rounds` (a run can be
+    extended) and `runner` (any runner gives the same results)."""
+    values = config.model_dump(mode="json", exclude={"runner": True, "federation": {"rounds"}})
+    return json.dumps(values, indent=2, sort_keys=True) + "\n"
+
+
+def run_directory_matches(config, run_dir: str | Path) -> bool:
+    """True when `run_dir` is new or holds a run of this config (so it can be resumed or extended)."""
+    path = RunPaths(run_dir).config
+    return not path.exists() or path.read_text(encoding="utf-8") == config_json(config)
+
+
+def write_config(config, run_dir: str | Path) -> None:
+    """Record the run's config; reopening with a different config is refused (the same experiment)."""
+    paths, wanted = RunPaths(run_dir), config_json(config)
+    if not paths.config.exists():
+        atomic_write_bytes(paths.config, wanted.encode("utf-8"))
+    elif paths.config.read_text(encoding="utf-8") != wanted:
+        raise RunError(f"{paths.root}: holds a run of a different config; use a new experiment name or directory")
+
+
+def write_compute_choice(run_dir: str | Path, choice: ComputeChoice) -> None:
+    payload = json.dumps(choice.to_json(), indent=2, sort_keys=True) + "\n"
+    atomic_write_bytes(RunPaths(run_dir).compute, payload.encode("utf-8"))
+
+
+def run_compute_choice(run_dir: str | Path) -> ComputeChoice:
+    """The run's recorded layout and precision with how they were chosen (read once per process)."""
+    path = RunPaths(run_dir).compute
+    try:
+        return _cached_compute(str(path), path.stat().st_mtime_ns)
+    except FileNotFoundError:
+        raise RunError(f"{path}: missing; the run directory was not prepared (prepare_run)") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_compute(path: str, modified_ns: int) -> ComputeChoice:
+    try:
+        return ComputeChoice.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError) as error:
+        raise RunError(f"{path}: not a valid compute record ({error})") from None
+
+
+def run_partition_file(run_dir: str | Path) -> Partition:
+    """The run's saved partition (read once per process while the file is unchanged)."""
+    path = RunPaths(run_dir).partition
+    return _load_run_partition(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_run_partition(path: str, modified_ns: int) -> Partition:
+    return load_partition(Path(path))
+
+
+# ------------------------------------------------------------------------ server state
+def completed_rounds(run_dir: str | Path) -> int:
+    """How many rounds the run has committed (0 for a new run)."""
+    server_dir = RunPaths(run_dir).root / "server"
+    rounds = [int(path.stem.removeprefix("round-")) for path in server_dir.glob("round-*.pt")]
+    return max(rounds, default=0)
+
+
+def last_intact_round(run_dir: str | Path) -> int:
+    """The latest committed round whose server state loads; corrupted later states are moved
+    aside (``round-XXXX.pt.corrupt``, never deleted) with a :class:`RecoveryWarning`."""
+    paths = RunPaths(run_dir)
+    while True:
+        latest = completed_rounds(paths.root)
+        path = paths.server_state(latest)
+        if not path.exists():
+            return latest
+        try:
+            load_checkpoint(path)
+            return latest
+        except CheckpointError as error:
+            if not paths.server_state(latest - 1).exists():
+                raise CheckpointError(f"{error}; no earlier intact round to resume from") from None
+            quarantine = path.with_name(path.name + ".corrupt")
+            os.replace(path, quarantine)
+            warnings.warn(
+                f"{error}; moved to {quarantine.name}, resuming from round {latest - 1}", RecoveryWarning, stacklevel=2
+            )
+
+
+LEGACY_ALGORITHM_KEYS = ("global_features", "evaluation_vectors")
+
+
+def _upgraded(state: dict[str, Any]) -> dict[str, Any]:
+    """A server state in the current form; one written before the algorithms kept their own
+    server state (FedCME's keys at the top level) is read as the same state."""
+    if "algorithm" in state:
+        return state
+    return {**{key: value for key, value in state.items() if key not in LEGACY_ALGORITHM_KEYS},
+            "algorithm": {key: state[key] for key in LEGACY_ALGORITHM_KEYS if key in state}}
+
+
+def load_server_state(run_dir: str | Path, round_index: int) -> dict[str, Any]:
+    return _upgraded(load_checkpoint(RunPaths(run_dir).server_state(round_index)))
+
+
+def shared_server_state(run_dir: str | Path, round_index: int) -> dict[str, Any]:
+    """The server state of round t, read once per process for all its clients' tasks (read-only:
+    the same dict is handed to every caller until the file changes)."""
+    path = RunPaths(run_dir).server_state(round_index)
+    file_status = path.stat()
+    return _cached_server_state(str(path), file_status.st_mtime_ns, file_status.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_server_state(path: str, modified_ns: int, size: int) -> dict[str, Any]:
+    return _upgraded(load_checkpoint(Path(path)))
+
+
+def write_initial_server_state(run_dir: str | Path, model_state, algorithm_state: dict[str, Any]) -> None:
+    save_checkpoint({"round": 0, "model": model_state, "algorithm": algorithm_state, "client_state_rounds": {},
+                     "history": []}, RunPaths(run_dir).server_state(0))
+
+
+# ----------------------------------------------------------------- the pending aggregate
+_PENDING: dict[tuple[str, int], dict[str, Any]] = {}
+
+
+def hold_aggregate(run_dir: str | Path, round_index: int, pending: dict[str, Any]) -> None:
+    """Keep round t's aggregate (model, algorithm state, client_state_rounds) for evaluate and commit."""
+    _PENDING[(str(Path(run_dir)), round_index)] = pending
+
+
+def held_aggregate(run_dir: str | Path, round_index: int) -> dict[str, Any]:
+    try:
+        return _PENDING[(str(Path(run_dir)), round_index)]
+    except KeyError:
+        raise RunError(f"{run_dir}: round {round_index} has no aggregate in this process (run the aggregate step)") from None
+
+
+def commit_server_state(run_dir: str | Path, round_index: int, record: dict[str, Any], keep_round_files: bool) -> None:
+    """Make round t visible: write the server state of round t+1 atomically, then drop what it supersedes."""
+    paths = RunPaths(run_dir)
+    previous = load_server_state(run_dir, round_index)
+    pending = held_aggregate(run_dir, round_index)
+    save_checkpoint({"round": round_index + 1, **pending, "history": [*previous["history"], record]},
+                    paths.server_state(round_index + 1))
+    _PENDING.pop((str(Path(run_dir)), round_index), None)
+    # Keep the states of rounds t and t+1 (the fallback if t+1 is found corrupted) and the
+    # client states they refer to; older ones are superseded.
+    for stale in paths.server_state(round_index).parent.glob("round-*.pt"):
+        if stale.name < paths.server_state(round_index).name:
+            stale.unlink(missing_ok=True)
+    if not keep_round_files:
+        shutil.rmtree(paths.round_dir(round_index), ignore_errors=True)
+    referenced = {
+        paths.client_state(client, state_round)
+        for state in (previous, pending)
+        for client, state_round in state["client_state_rounds"].items()
+    }
+    for stored in paths.client_state(0, 0).parent.glob("client-*-round-*.pt"):
+        if stored not in referenced:
+            stored.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------- client files
+def load_client_state(run_dir: str | Path, client_id: int, state_round: int | None) -> dict[str, Any] | None:
+    """What the algorithm kept for the client at round `state_round` (None: nothing kept)."""
+    if state_round is None:
+        return None
+    return load_checkpoint(RunPaths(run_dir).client_state(client_id, state_round))
+
+
+def save_client_state(run_dir: str | Path, client_id: int, round_index: int, state: dict[str, Any]) -> None:
+    save_checkpoint(state, RunPaths(run_dir).client_state(client_id, round_index))
+
+
+def save_upload(run_dir: str | Path, round_index: int, client_id: int, upload: dict[str, Any]) -> None:
+    save_checkpoint(upload, RunPaths(run_dir).upload(round_index, client_id))
+
+
+def load_upload(run_dir: str | Path, round_index: int, client_id: int) -> dict[str, Any]:
+    return load_checkpoint(RunPaths(run_dir).upload(round_index, client_id))

@@ -1,0 +1,73 @@
+"""What every command of the project shares (``fedcme``, the DVC stages, ``flows.repro``, the
+benchmarks): quiet, offline-safe library settings, and bad input reported as one line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Callable
+
+# Quiet, offline-safe defaults for the stack (a user's own settings win).
+QUIET_ENVIRONMENT = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "DASK_LOGGING__DISTRIBUTED": "error",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+    # Prefect's temporary server gets 20 s to start by default; a busy shared machine needs more.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+}
+
+
+def quiet_environment() -> None:
+    for key, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
+
+
+def known_errors() -> tuple[type[Exception], ...]:
+    """Bad input and unusable services: reported as one line, without a traceback."""
+    from fedcme_core.checkpoints import CheckpointError
+    from fedcme_core.config import ConfigError
+    from fedcme_core.data import DataError
+    from fedcme_core.faults import RoundError
+    from fedcme_core.rounds import RunError
+    from fedcme_core.partition import PartitionError
+
+    from .errors import OrchestratorError, TrackingError
+
+    return (ConfigError, DataError, PartitionError, CheckpointError, RunError, RoundError, TrackingError,
+            OrchestratorError)
+
+
+def report_errors(action: Callable[[], int]) -> int:
+    """Run `action`; a known bad input becomes one line on stderr and exit status 2.
+
+    The error classes are imported only when something fails, so that a command's first
+    step (starting Prefect's server, for `train`) comes before torch is imported.
+    """
+    try:
+        return action()
+    except KeyboardInterrupt:
+        print("fedcme: interrupted; run the same command again to resume from the last completed round", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if not isinstance(error, known_errors()):
+            raise
+        print(f"fedcme: error: {error}", file=sys.stderr)
+        return 2
+
+
+_library_showwarning = warnings.showwarning
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Our recovery warnings as one line, `fedcme: warning: ...`; the libraries' as Python shows them."""
+    from fedcme_core.rounds import RecoveryWarning
+
+    if issubclass(category, RecoveryWarning):
+        print(f"fedcme: warning: {message}", file=sys.stderr, flush=True)
+    else:
+        _library_showwarning(message, category, filename, lineno, file, line)
