@@ -1,4 +1,4 @@
-"""Short FedCME trainings on the real datasets from the offline mirror: they must learn.
+"""Short FedCME (and SCAFFOLD) trainings on the real datasets from the offline mirror: they must learn.
 
 A few clients and rounds on seeded subsets keep each under a minute on two cores; the
 accuracy bound sits well above chance (10%) and below what the runs reach (about 0.47 on
@@ -10,15 +10,18 @@ from __future__ import annotations
 import pytest
 
 from fedcme_core.config import config_from_dict
-from fedcme_core.federation import final_model, load_experiment_dataset, run_experiment
+from fedcme_core.rounds import final_model, load_experiment_dataset, run_experiment
 from fedcme_core.evaluation import evaluate
 
 
 @pytest.mark.parametrize(
-    "dataset, model, train_subset, rounds, bound",
-    [("fmnist", "fmnist_cnn", 5000, 2, 0.35), ("cifar10", "cifar_cnn", 20000, 3, 0.25)],
+    "algorithm, dataset, model, train_subset, rounds, bound",
+    [({"name": "fedcme", "mu": 0.01}, "fmnist", "fmnist_cnn", 5000, 2, 0.35),
+     ({"name": "fedcme", "mu": 0.01}, "cifar10", "cifar_cnn", 20000, 3, 0.25),
+     ({"name": "scaffold"}, "fmnist", "fmnist_cnn", 5000, 3, 0.35)],  # round 0 without, rounds 1-2 with c and c_i
 )
-def test_fedcme_learns_real_data_from_the_mirror(tmp_path, mirror, dataset, model, train_subset, rounds, bound):
+def test_fedcme_and_scaffold_learn_real_data_from_the_mirror(tmp_path, mirror, algorithm, dataset, model,
+                                                             train_subset, rounds, bound):
     config = config_from_dict(
         {
             "seed": 0,
@@ -29,7 +32,7 @@ def test_fedcme_learns_real_data_from_the_mirror(tmp_path, mirror, dataset, mode
             "federation": {"num_clients": 5, "clients_per_round": 5, "rounds": rounds},
             "training": {"local_epochs": 2},
             "model": {"name": model},
-            "algorithm": {"name": "fedcme", "mu": 0.01},
+            "algorithm": algorithm,
         }
     )
 

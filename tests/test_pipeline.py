@@ -18,7 +18,8 @@ from .conftest import REPO_ROOT
 from .helpers import copy_repository
 from .processes import sigint_as_in_a_terminal, wait_until_none_left
 
-EXPERIMENTS = ["fmnist-a0.5-k100m2-fedavg-s0", "fmnist-a0.5-k100m2-fedcme-mu001-s0", "fmnist-a0.5-k100m2-fedcme-no-exchange-s0"]
+EXPERIMENTS = ["fmnist-a0.5-k100m2-fedavg-s0", "fmnist-a0.5-k100m2-fedcme-mu001-s0", "fmnist-a0.5-k100m2-scaffold-s0",
+               "fmnist-a0.5-k100m2-fedcme-no-exchange-s0"]
 PARTITION = Path("data/partitions/fmnist-a0.5-k100-s0")
 
 
@@ -82,6 +83,7 @@ def test_repro_creates_every_declared_output(pipeline):
     assert sum(counts["sizes"]) == 6000  # the partition covers the params' seeded train_subset
     report = (workdir / "reports" / "results.md").read_text()
     assert "| FedAvg |" in report and "| FedCME(0.01) |" in report and "FedCME w/o exchange" in report
+    assert "| SCAFFOLD |" in report
     summary = (workdir / "reports" / "results.csv").read_text().splitlines()
     assert len(summary) == 1 + len(EXPERIMENTS) and all(line.startswith("smoke,") for line in summary[1:])
     matching = json.loads((workdir / "metrics" / "matching" / f"{EXPERIMENTS[1]}.json").read_text())
@@ -111,9 +113,9 @@ def test_check_run_passes_a_finished_grid_and_names_what_is_missing(pipeline):
         summary.write_bytes(kept)
 
     assert passed.returncode == 0, passed.stderr
-    assert "all 3 experiments listed" in passed.stdout
+    assert "all 4 experiments listed" in passed.stdout
     assert failed.returncode == 1
-    assert failed.stderr == "check_run: reports/results.csv: 2 experiment rows, the grid has 3\n"
+    assert failed.stderr == "check_run: reports/results.csv: 3 experiment rows, the grid has 4\n"
 
 
 def test_metrics_params_and_plots_work_offline(pipeline):

@@ -17,8 +17,9 @@ from .fedcme import FedCME
 from .fedprox import FedProx
 from .fedrs import FedRS
 from .moon import Moon
+from .scaffold import Scaffold
 
-ALGORITHM_CLASSES: tuple[type[Algorithm], ...] = (FedAvg, FedProx, Moon, FedRS, FedCME)
+ALGORITHM_CLASSES: tuple[type[Algorithm], ...] = (FedAvg, FedProx, Moon, FedRS, FedCME, Scaffold)
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in ALGORITHM_CLASSES}
 ALGORITHM_NAMES = tuple(ALGORITHMS)
 AlgorithmConfig = Annotated[Union[tuple(cls.config_class for cls in ALGORITHM_CLASSES)], Field(discriminator="name")]
