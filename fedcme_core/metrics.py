@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
-RECORD_KEYS = ("round", "test_accuracy", "test_loss", "train_loss", "round_seconds")
-CSV_COLUMNS = RECORD_KEYS
+from .records import RoundRecord
+
+CSV_COLUMNS = RoundRecord.csv_columns()
+RECORD_KEYS = CSV_COLUMNS  # what a history record must hold for the summary and the CSV
 
 
 def ordered_records(history: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -2,7 +2,7 @@
 
     fedcme train    --config params.yaml --experiment NAME [--set training.lr=0.05 ...]
     fedcme simulate --config params.yaml --experiment NAME [--set ...]
-    fedcme serve    --config params.yaml --experiment NAME --cron "0 2 * * *"
+    fedcme serve    --config params.yaml --experiment NAME --cron "0 2 * * *" [--timezone Europe/Berlin]
     fedcme sync     --experiment NAME [--tracking-uri URI]
     fedcme check    params.yaml [configs/params-paper.yaml ...]
 
@@ -37,18 +37,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(value)
 
 
-def round_line(record: dict[str, Any], total_rounds: int, started: float, first_round: int) -> str:
-    done = record["round"] + 1
-    elapsed = time.perf_counter() - started
-    remaining = elapsed / max(done - first_round, 1) * (total_rounds - done)
-    return (
-        f"round {done:>4}/{total_rounds}  acc {record['test_accuracy']:.4f}  loss {record['test_loss']:.4f}  "
-        f"train_loss {record['train_loss']:.4f}  {record['round_seconds']:.1f}s  ETA {remaining:.0f}s"
-    )
-
-
 def simulate(arguments: argparse.Namespace) -> int:
     from fedcme_core.config import load_config
+    from fedcme_core.records import round_line
     from fedcme_core.rounds import completed_rounds, experiment_run_dir, run_experiment
 
     config = load_config(arguments.config, overrides=dict(arguments.overrides))
@@ -61,7 +52,8 @@ def simulate(arguments: argparse.Namespace) -> int:
           + (f" (resuming after round {first_round})" if first_round else ""), flush=True)
     started = time.perf_counter()
     history = run_experiment(
-        config, run_dir, on_round=lambda record: print(round_line(record, total, started, first_round), flush=True)
+        config, run_dir, on_round=lambda record: print(
+            round_line(record, total, time.perf_counter() - started, record["round"] + 1 - first_round), flush=True)
     )
     summary = {
         "experiment": arguments.experiment,
@@ -82,7 +74,7 @@ def train(arguments: argparse.Namespace) -> int:
     # The config (a whole params file, grid included) is validated first (0.3 s, no torch), so a
     # typo starts nothing. With no Prefect API configured, Prefect's temporary server starts next
     # and boots on the other core while this process imports torch, MLflow and the flow below.
-    load_config(arguments.config, overrides=dict(arguments.overrides))
+    config = load_config(arguments.config, overrides=dict(arguments.overrides))
 
     def action(ready: Callable[[], None]) -> dict[str, Any]:
         from fedcme_core.rounds import check_experiment_name
@@ -92,9 +84,8 @@ def train(arguments: argparse.Namespace) -> int:
         check_experiment_name(arguments.experiment)
         ready()
         return run_training(
-            arguments.config,
+            config,
             arguments.experiment,
-            overrides=dict(arguments.overrides),
             runs_dir=arguments.runs_dir,
             tracking_uri=arguments.tracking_uri,
             partition_file=arguments.partition,
@@ -113,6 +104,7 @@ def serve(arguments: argparse.Namespace) -> int:
         arguments.experiment,
         overrides=dict(arguments.overrides),
         cron=arguments.cron,
+        timezone=arguments.timezone,
         runs_dir=arguments.runs_dir,
         tracking_uri=arguments.tracking_uri,
     )
@@ -172,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser = commands.add_parser("serve", help="serve the training flow as a scheduled Prefect deployment")
     _experiment_arguments(serve_parser)
     serve_parser.add_argument("--cron", default=None, help='a cron schedule, e.g. "0 2 * * *" (none: run on demand)')
+    serve_parser.add_argument("--timezone", default=None,
+                              help='the cron schedule\'s time zone, e.g. "Europe/Berlin" (default: UTC)')
     serve_parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI for the runs")
     serve_parser.set_defaults(handler=serve)
 

@@ -4,13 +4,18 @@ Schedules need a persistent Prefect server (the temporary one started on demand 
 scheduled runs): start one with `prefect server start --host 127.0.0.1 --port 4200`, set
 `PREFECT_API_URL=http://127.0.0.1:4200/api`, then `fedcme serve ... --cron "0 2 * * *"`.
 Runs appear, and can be triggered by hand, in the UI at http://127.0.0.1:4200.
+
+A scheduled deployment trains anew on every run: each run is an experiment of its own, named by
+its scheduled start (`nightly-20261202-020000`, UTC), with its own run directory and MLflow run,
+from the config file as it is when the run starts. A deployment without a schedule trains (or
+resumes, or extends) the one experiment it names.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fedcme_core.config import load_config
+from fedcme_core.config import ConfigError, load_config
 
 from .train import make_task_runner, train_flow
 
@@ -22,22 +27,42 @@ def training_deployment(
     cron: str | None = None,
     runs_dir: str = "runs",
     tracking_uri: str | None = None,
+    timezone: str | None = None,
 ):
     """The deployment `fedcme-train/<experiment>` (config validated first; runner from the config)."""
     config = load_config(config_file, overrides=overrides)
+    schedules = [schedule(cron, timezone)] if cron is not None else None
     configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner))
     return configured_flow.to_deployment(
         name=experiment,
-        cron=cron,
+        schedules=schedules,
         parameters={
             "config_file": str(config_file),
             "experiment": experiment,
             "overrides": dict(overrides or {}),
             "runs_dir": runs_dir,
             "tracking_uri": tracking_uri,
+            "dated": cron is not None,
         },
         description=f"FedCME training of experiment {experiment!r} from {config_file}",
     )
+
+
+def schedule(cron: str, timezone: str | None):
+    """A cron schedule, in `timezone` (IANA name; None: UTC); a bad one is a one-line ConfigError."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from prefect.schedules import Cron
+
+    if timezone is not None:
+        try:
+            ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ConfigError(f"--timezone {timezone!r}: not an IANA time zone name (e.g. Europe/Berlin)") from None
+    try:
+        return Cron(cron, timezone=timezone)
+    except ValueError:
+        raise ConfigError(f"--cron {cron!r}: not a cron expression (e.g. \"0 2 * * *\")") from None
 
 
 def serve_training(config_file: str, experiment: str, **options: Any) -> None:

@@ -138,7 +138,6 @@ def train(arguments: argparse.Namespace, params: ParamsFile) -> None:
 def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) -> None:
     cell = (arguments.method, arguments.dataset, arguments.alpha, arguments.clients, arguments.per_round, arguments.seed)
     experiment = experiment_name(*cell)
-    overrides = params.cell_overrides(*cell, prepared_dir=str(prepared_dir(arguments.dataset)))
     config = params.cell_config(*cell, prepared_dir=str(prepared_dir(arguments.dataset)), source=arguments.params)
     run_dir = Path(arguments.runs_dir) / experiment
     if not run_directory_matches(config, run_dir):
@@ -147,14 +146,7 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
     partition_file = Path("data/partitions") / partition_name(
         arguments.dataset, arguments.alpha, arguments.clients, arguments.seed
     ) / "partition.npz"
-    run_training(
-        arguments.params,
-        experiment,
-        overrides=overrides,
-        runs_dir=arguments.runs_dir,
-        partition_file=str(partition_file),
-        config_section="base",
-    )
+    run_training(config, experiment, runs_dir=arguments.runs_dir, partition_file=str(partition_file))
     final_state = load_server_state(run_dir, completed_rounds(run_dir))
     history = final_state["history"][: config.federation.rounds]
     identity = {

@@ -3,8 +3,9 @@
 One MLflow run per experiment, all in one MLflow experiment (default ``fedcme``) so the UI
 compares them (its id kept in the run directory, so a resumed experiment
 logs into the same run), the flattened config as params, tags for the git commit, the
-partition hash and the dataset; each round's metrics in one ``log_batch`` call with the
-round as step; each round's matching pairs and evaluation vectors as a JSON artifact; the
+partition hash and the dataset; each round's metrics in one ``log_batch`` call, with the round's
+number as the console counts it (1 for the first) as the step; each round's matching pairs and
+evaluation vectors as a JSON artifact ``matching/round-0001.json`` (the same number); the
 final global model through ``mlflow.pytorch.log_model``. The run directory's history is
 the source of truth: :meth:`RunTracker.sync` logs exactly the rounds MLflow lacks, so a
 crash between a round's commit and its logging leaves no step missing or duplicated.
@@ -35,27 +36,11 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
 from fedcme_core.checkpoints import atomic_write_bytes
+from fedcme_core.records import RoundRecord
 
 from .errors import TrackingError
 
-ROUND_METRICS = (
-    "test_accuracy",
-    "test_loss",
-    "train_loss",
-    "round_seconds",
-    "client_train_seconds",
-    "client_work_seconds",
-    "critical_client_seconds",
-    "phase1_seconds",
-    "exchange_seconds",
-    "phase2_seconds",
-    "aggregate_seconds",
-    "evaluate_seconds",
-    "aggregated_clients",
-    "dropped_clients",
-    "failed_clients",
-    "rejected_clients",
-)
+ROUND_METRICS = RoundRecord.metric_names()
 # What serving the logged model needs, stated (MLflow's own inference of it runs pip in a
 # subprocess for many seconds per run).
 PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
@@ -113,6 +98,7 @@ class RunTracker:
         self.run_dir = run_dir
         self.failure: str | None = None  # set by the first failed call; later calls are skipped
         self._logged: set[int] | None = None
+        self._first_step = 1  # the MLflow step of the round with index 0 (logged_rounds reads it)
 
     @classmethod
     def open(
@@ -184,23 +170,35 @@ class RunTracker:
             return None
 
     def logged_rounds(self) -> set[int]:
+        """The steps the MLflow run holds. A run begun before rounds were numbered from 1 in MLflow
+        (it holds step 0) keeps its own numbering, so that a resumed run has no gap or duplicate."""
         if self._logged is None:
             self._logged = {metric.step for metric in self.client.get_metric_history(self.run_id, ROUND_METRICS[0])}
+            self._first_step = 0 if 0 in self._logged else 1
         return self._logged
+
+    def step(self, record: Mapping[str, Any]) -> int:
+        """The MLflow step of a round: its number as the console counts it (1 for the first)."""
+        return int(record["round"]) + self._first_step
 
     def sync(self, history: Iterable[Mapping[str, Any]]) -> int:
         """Log every round of `history` that the MLflow run lacks; returns how many were logged."""
-        missing = self._guarded("reading the logged rounds", lambda: [
-            record for record in history if record["round"] not in self.logged_rounds()
-        ])
+        def unlogged() -> list[Mapping[str, Any]]:
+            logged = self.logged_rounds()  # first: it tells the run's numbering
+            return [record for record in history if self.step(record) not in logged]
+
+        missing = self._guarded("reading the logged rounds", unlogged)
         for record in missing or []:
             self.log_round(record)
         return len(missing or [])
 
     def log_round(self, record: Mapping[str, Any]) -> None:
-        """Log one round (metrics in one batch, its matching and failures as JSON), once per step."""
-        step = int(record["round"])
-        if self._guarded("reading the logged rounds", self.logged_rounds) is None or step in self.logged_rounds():
+        """Log one round (metrics in one batch, its matching and failures as JSON), once per step;
+        the step is the round's number as the console counts it (1 for the first)."""
+        if self._guarded("reading the logged rounds", self.logged_rounds) is None:
+            return
+        step = self.step(record)
+        if step in self.logged_rounds():
             return
         timestamp = int(time.time() * 1000)
         metrics = [
@@ -222,19 +220,41 @@ class RunTracker:
         if self._guarded(f"logging round {step}", log):
             self.logged_rounds().add(step)
 
-    def log_model(self, model, input_example: np.ndarray) -> str | None:
-        """Log the final global model; returns its model URI (loadable by mlflow.pytorch.load_model)."""
+    def log_model(self, model, input_example: np.ndarray, rounds: int) -> str | None:
+        """Log the global model after `rounds` rounds at that step; returns its model URI.
+
+        Stored in MLflow's pickle form, so ``mlflow.pytorch.load_model`` gives the project's own
+        model class, with ``features()`` and ``classify()`` (loading it runs code from the store:
+        README, "Security"). One model per run is current: a model logged before it (a run
+        extended later) is tagged ``fedcme.current=false`` with ``fedcme.superseded_by``."""
 
         def log() -> str:
             mlflow.set_tracking_uri(self.uri)
             with mlflow.start_run(run_id=self.run_id):
                 info = mlflow.pytorch.log_model(
-                    model, name="model", input_example=input_example, pip_requirements=PIP_REQUIREMENTS
+                    model, name="model", input_example=input_example, pip_requirements=PIP_REQUIREMENTS,
+                    serialization_format="pickle", step=rounds, tags={"fedcme.current": "true", "fedcme.rounds": rounds},
                 )
+            experiment_id = self.client.get_run(self.run_id).info.experiment_id
+            earlier = self.client.search_logged_models(
+                [experiment_id], filter_string=f"source_run_id = '{self.run_id}'")
+            for logged in earlier:
+                if logged.model_id != info.model_id and logged.tags.get("fedcme.current") != "false":
+                    self.client.set_logged_model_tags(
+                        logged.model_id, {"fedcme.current": "false", "fedcme.superseded_by": info.model_id})
             self.client.set_tag(self.run_id, "model_uri", info.model_uri)
             return info.model_uri
 
         return self._guarded("logging the model", log)
+
+    def log_dataset(self, name: str, digest: str, source: str, context: str = "train") -> None:
+        """The run's dataset and partition as an MLflow dataset input (the UI's "Dataset" column)."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": source}))
+        tags = [InputTag("mlflow.data.context", context), InputTag("fedcme.partition_sha256", digest)]
+        self._guarded("logging the dataset", lambda: self.client.log_inputs(
+            self.run_id, datasets=[DatasetInput(dataset=dataset, tags=tags)]))
 
     def logged_model_uri(self) -> str | None:
         run = self._guarded("reading the run", lambda: self.client.get_run(self.run_id))

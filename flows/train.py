@@ -15,9 +15,10 @@ run directory's rounds and model into MLflow after the fact (when tracking faile
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
-from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -40,6 +41,7 @@ from fedcme_core.rounds import (
     run_experiment,
 )
 from fedcme_core.partition import load_partition
+from fedcme_core.records import round_line
 
 from .errors import TrackingError
 from .tasks import PrefectExecutor, worker_layout
@@ -78,28 +80,68 @@ def compute_line(choice) -> str:
     return f"compute {choice.compute.name} ({choice.chosen_by}{': ' + rates if rates else ''})"
 
 
-def round_line(record: Mapping[str, Any], total_rounds: int, elapsed: float, rounds_done_here: int) -> str:
-    done = record["round"] + 1
-    eta = elapsed / max(rounds_done_here, 1) * (total_rounds - done)
-    return (
-        f"round {done:>4}/{total_rounds}  acc {record['test_accuracy']:.4f}  loss {record['test_loss']:.4f}  "
-        f"train_loss {record['train_loss']:.4f}  {record['round_seconds']:.1f}s  ETA {eta:.0f}s"
-    )
+def run_tags(config: ExperimentConfig, prefect_flow_run_id: str | None = None) -> dict[str, str]:
+    """The MLflow run's tags: what produced it (MLflow's own source tags, so the UI's "Source" shows
+    it), the dataset and the algorithm."""
+    commit = git_commit(PROJECT_DIR)
+    tags = {"git_commit": commit, "dataset": config.data.dataset, "algorithm": config.algorithm.name,
+            "mlflow.source.type": "JOB", "mlflow.source.name": "fedcme-train (flows/train.py)",
+            "mlflow.source.git.commit": commit}
+    if prefect_flow_run_id is not None:
+        tags["prefect_flow_run_id"] = prefect_flow_run_id
+    return tags
 
 
-@flow(name="fedcme-train", persist_result=False)
+def progress_logger():
+    """The flow run's logger for the round lines: INFO to Prefect's API only, so the UI's Logs tab
+    shows the run's progress while the console stays as quiet as ``PREFECT_LOGGING_LEVEL`` asks
+    (the console gets the same lines from ``print``)."""
+    from prefect.logging.handlers import APILogHandler
+    from prefect.logging.loggers import PrefectLogAdapter
+
+    logger = logging.getLogger("fedcme.progress")
+    if not any(isinstance(handler, APILogHandler) for handler in logger.handlers):
+        logger.addHandler(APILogHandler())
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    return PrefectLogAdapter(logger, extra=get_run_logger().extra)
+
+
+def dated_experiment(experiment: str, start: datetime) -> str:
+    """A scheduled run's own experiment: `nightly` started 2026-12-02 02:00 UTC -> `nightly-20261202-020000`."""
+    return f"{experiment}-{start.astimezone(timezone.utc):%Y%m%d-%H%M%S}"
+
+
+def flow_run_name() -> str:
+    """The flow run's name in the UI: its experiment (dated for a scheduled deployment's runs)."""
+    parameters = flow_run.parameters
+    experiment = parameters.get("experiment", "")
+    return dated_experiment(experiment, flow_run.scheduled_start_time) if parameters.get("dated") else experiment
+
+
+@flow(name="fedcme-train", flow_run_name=flow_run_name, persist_result=False)
 def train_flow(
-    config_file: str,
-    experiment: str,
+    config_file: str | None = None,
+    experiment: str = "",
     overrides: dict[str, Any] | None = None,
     runs_dir: str = "runs",
     tracking_uri: str | None = None,
     partition_file: str | None = None,
     mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
     config_section: str | None = None,
+    config: ExperimentConfig | None = None,
+    dated: bool = False,
 ) -> dict[str, Any]:
-    """Train one experiment (resuming it if its run directory holds completed rounds)."""
-    config = load_config(config_file, overrides=overrides, section=config_section)
+    """Train one experiment (resuming it if its run directory holds completed rounds).
+
+    A command passes the `config` it has already validated; a deployment passes `config_file`
+    (and `overrides`), read when its run starts, so a scheduled run sees the file as it is then.
+    With `dated` (a scheduled deployment), each run is an experiment of its own, named by its
+    scheduled start (:func:`dated_experiment`), so every trigger trains anew."""
+    if config is None:
+        config = load_config(config_file, overrides=overrides, section=config_section)
+    if dated:
+        experiment = dated_experiment(experiment, flow_run.scheduled_start_time)
     return train(config, experiment, runs_dir, tracking_uri, partition_file, mlflow_experiment)
 
 
@@ -111,7 +153,7 @@ def train(
     partition_file: str | None = None,
     mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
 ) -> dict[str, Any]:
-    logger = get_run_logger()
+    logger = progress_logger()
     run_dir = experiment_run_dir(runs_dir, experiment)
     workers, threads = worker_layout(config.runner)
     torch.set_num_threads(threads)
@@ -122,8 +164,7 @@ def train(
         experiment,
         run_dir,
         params=config.flat(),
-        tags={"git_commit": git_commit(PROJECT_DIR), "dataset": config.data.dataset,
-              "algorithm": config.algorithm.name, "prefect_flow_run_id": str(flow_run.get_id())},
+        tags=run_tags(config, str(flow_run.get_id())),
     )
     total = config.federation.rounds
     started = time.perf_counter()
@@ -132,13 +173,16 @@ def train(
     def on_start(history: list[dict[str, Any]]) -> None:
         partition = load_partition(RunPaths(run_dir).partition)
         choice = run_compute_choice(run_dir)  # resolved by `prepare`, possibly on another worker
+        tracker.log_dataset(f"{config.data.dataset} {partition.params['method']} K={config.federation.num_clients} "
+                            f"seed {config.seed}", partition.content_hash, str(RunPaths(run_dir).partition))
         tracker.set_tags({"partition_hash": partition.content_hash, "compute": choice.compute.name,
                           "compute_chosen_by": choice.chosen_by,
                           "compute_samples_per_second": json.dumps(choice.samples_per_second, sort_keys=True)})
-        print(f"{experiment}: {compute_line(choice)}", flush=True)
+        for line in [f"{experiment}: {compute_line(choice)}",
+                     *([f"{experiment}: resuming after round {len(history)} of {total}"] if history else [])]:
+            print(line, flush=True)
+            logger.info(line)
         tracker.sync(history)
-        if history:
-            print(f"{experiment}: resuming after round {len(history)} of {total}", flush=True)
 
     def on_round(record: dict[str, Any]) -> None:
         nonlocal rounds_done_here
@@ -159,7 +203,7 @@ def train(
             on_start=on_start,
         )
         dataset = load_experiment_dataset(config.data, config.seed)
-        model_uri = tracker.log_model(final_model(config, run_dir), dataset.x_test[:2].numpy())
+        model_uri = tracker.log_model(final_model(config, run_dir), dataset.x_test[:2].numpy(), completed_rounds(run_dir))
     except BaseException:
         tracker.finish("FAILED")
         raise
@@ -180,15 +224,19 @@ def train(
     return summary
 
 
-def run_training(config_file: str, experiment: str, **parameters: Any) -> dict[str, Any]:
-    """Validate the config (nothing is written for a bad one), then run `train_flow(config_file,
-    experiment, **parameters)` on the task runner its `runner` section names."""
-    config = load_config(config_file, overrides=parameters.get("overrides"), section=parameters.get("config_section"))
+def run_training(config: ExperimentConfig | str | Path, experiment: str, **parameters: Any) -> dict[str, Any]:
+    """Run `train_flow` for one experiment on the task runner its `runner` section names.
+
+    `config` is the validated config (what the commands pass: parsed once), or a file read here
+    with `overrides` and `config_section`; nothing is written for a bad one."""
+    if not isinstance(config, ExperimentConfig):
+        config = load_config(config, overrides=parameters.pop("overrides", None),
+                             section=parameters.pop("config_section", None))
     # A bad dataset or an unreachable tracking server stops us here, before anything is written.
     load_experiment_dataset(config.data, config.seed)
     check_reachable(resolve_tracking_uri(parameters.get("tracking_uri")))
-    configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner), flow_run_name=experiment)
-    summary = configured_flow(config_file=str(config_file), experiment=experiment, **parameters)
+    configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner))
+    summary = configured_flow(config=config, experiment=experiment, **parameters)
     if uses_temporary_server():
         summary["prefect_task_runs_recorded"] = wait_for_task_run_records(
             summary["prefect_flow_run_id"], summary["prefect_task_runs"]
@@ -255,13 +303,13 @@ def sync_run(
     history = load_server_state(paths.root, rounds)["history"]
     tracker = RunTracker.open(
         uri, mlflow_experiment, paths.root.name, paths.root, params=config.flat(),
-        tags={"git_commit": git_commit(PROJECT_DIR), "dataset": config.data.dataset, "algorithm": config.algorithm.name},
+        tags=run_tags(config),
     )
     logged = tracker.sync(history)
     model_uri = tracker.logged_model_uri()
     if model_uri is None and tracker.failure is None:
         dataset = load_experiment_dataset(config.data, config.seed)
-        model_uri = tracker.log_model(final_model(config, paths.root), dataset.x_test[:2].numpy())
+        model_uri = tracker.log_model(final_model(config, paths.root), dataset.x_test[:2].numpy(), rounds)
     tracker.finish("FINISHED")
     if tracker.failure is not None:
         raise TrackingError(f"MLflow tracking store {uri}: {tracker.failure}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,7 +47,8 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
     run = client.get_run(summary["mlflow_run_id"])
     for metric in ROUND_METRICS:
         if metric == "exchange_seconds" or metric.startswith(("test", "train", "round", "phase")):
-            assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [0, 1], metric
+            # One round numbering everywhere: the console's round 1 is step 1 (fedcme_core.records).
+            assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [1, 2], metric
     assert run.data.params["algorithm.name"] == "fedcme" and run.data.params["federation.rounds"] == "2"
     assert run.data.tags["dataset"] == "synthetic" and len(run.data.tags["partition_hash"]) == 64
     assert run.data.tags["git_commit"]
@@ -61,8 +63,13 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
     groups = [name for name in task_run_names(summary["prefect_flow_run_id"]) if name.startswith("local-train-group")]
     assert [name.split(" c")[0] for name in groups] == sorted(f"local-train-group r{r} p{p}" for r in (1, 2)
                                                               for p in (1, 2) for _ in range(2))
+    # The flow run is named by its experiment, and its Logs tab shows the run's progress.
+    assert flow_run(summary["prefect_flow_run_id"]).name == "smoke"
+    logs = flow_run_logs(summary["prefect_flow_run_id"], expected=3)
+    assert [line.split("  acc")[0] for line in logs if line.startswith("round")] == ["round    1/2", "round    2/2"]
+    assert any(line.startswith("smoke: compute ") for line in logs)
     artifacts = [item.path for item in client.list_artifacts(run.info.run_id, "matching")]
-    assert artifacts == ["matching/round-0000.json", "matching/round-0001.json"]
+    assert artifacts == ["matching/round-0001.json", "matching/round-0002.json"]
     matching = json.loads(Path(client.download_artifacts(run.info.run_id, artifacts[1], str(tmp_path))).read_text())
     assert len(matching["pairs"]) == 2 and len(matching["evaluation_vectors"]) == 4
 
@@ -72,8 +79,44 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
     dataset = load_experiment_dataset(config.data, config.seed)
     with torch.no_grad():
         accuracy = (loaded(dataset.x_test).argmax(dim=1) == dataset.y_test).float().mean().item()
+        features = loaded.eval().features(dataset.x_test[:3])  # the project's class: features() and classify()
+        assert torch.equal(loaded.classify(features).argmax(dim=1), loaded(dataset.x_test[:3]).argmax(dim=1))
     assert accuracy == pytest.approx(summary["final_accuracy"])
     assert np.isclose(client.get_metric_history(run.info.run_id, "test_accuracy")[-1].value, accuracy)
+
+    # Source and dataset, as the MLflow UI shows them; the model logged once, at the last round's step.
+    assert run.data.tags["mlflow.source.type"] == "JOB"
+    assert run.data.tags["mlflow.source.git.commit"] == run.data.tags["git_commit"]
+    (dataset_input,) = run.inputs.dataset_inputs
+    partition_hash = run.data.tags["partition_hash"]
+    assert dataset_input.dataset.digest == partition_hash[:36] and dataset_input.dataset.name.startswith("synthetic")
+    assert {tag.key: tag.value for tag in dataset_input.tags}["fedcme.partition_sha256"] == partition_hash
+    (model,) = client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
+    assert model.tags["fedcme.current"] == "true" and model.tags["fedcme.rounds"] == "2"
+    assert {metric.key: metric.step for metric in model.metrics}.get("test_accuracy") == 2
+
+
+def flow_run(flow_run_id: str):
+    """The flow run as the server holds it, read back through Prefect's client API."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id)
+
+
+def flow_run_logs(flow_run_id: str, expected: int, timeout: float = 30.0) -> list[str]:
+    """The messages of a flow run's Logs tab, once at least `expected` have been stored (bounded wait:
+    logs reach the server from a background worker)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        if len(logs) >= expected or time.monotonic() > deadline:
+            return [log.message for log in logs]
+        time.sleep(0.5)
 
 
 def task_run_names(flow_run_id: str) -> list[str]:
@@ -158,15 +201,60 @@ def test_killed_run_resumes_to_the_same_model_without_duplicate_steps(tmp_path, 
     assert same_state(final_model(config, summary["run_dir"]), final_model(config, straight["run_dir"]))
     assert summary["final_accuracy"] == straight["final_accuracy"]
     for metric in ("test_accuracy", "train_loss", "round_seconds"):
-        assert [m.step for m in client.get_metric_history(summary["mlflow_run_id"], metric)] == [0, 1, 2]
+        assert [m.step for m in client.get_metric_history(summary["mlflow_run_id"], metric)] == [1, 2, 3]
 
 
 def test_serve_builds_a_scheduled_deployment_of_the_training_flow():
     from flows.deploy import training_deployment
 
-    deployment = training_deployment(SMOKE, "nightly", cron="0 2 * * *", overrides={"federation.rounds": 3})
+    deployment = training_deployment(SMOKE, "nightly", cron="0 2 * * *", overrides={"federation.rounds": 3},
+                                     timezone="Europe/Berlin")
+    on_demand = training_deployment(SMOKE, "by-hand")
 
     assert deployment.name == "nightly" and deployment.flow_name == "fedcme-train"
-    assert [schedule.schedule.cron for schedule in deployment.schedules] == ["0 2 * * *"]
+    assert [(item.schedule.cron, item.schedule.timezone) for item in deployment.schedules] == [
+        ("0 2 * * *", "Europe/Berlin")]
     assert deployment.parameters["config_file"] == SMOKE
     assert deployment.parameters["overrides"] == {"federation.rounds": 3}
+    # A scheduled run trains an experiment of its own; an on-demand deployment trains the one it names.
+    assert deployment.parameters["dated"] is True and on_demand.parameters["dated"] is False
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--timezone", "Mars/Base", "fedcme: error: --timezone 'Mars/Base': not an IANA time zone name (e.g. Europe/Berlin)"),
+    ("--cron", "0 99 * * *", "fedcme: error: --cron '0 99 * * *': not a cron expression (e.g. \"0 2 * * *\")"),
+])
+def test_serve_names_a_bad_schedule_in_one_line(option, value, message):
+    arguments = ["serve", "--config", SMOKE, "--experiment", "nightly", "--cron", "0 2 * * *", option, value]
+    result = subprocess.run([sys.executable, "-m", "flows.cli", *arguments], capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 2 and result.stderr.strip() == message
+
+
+def test_every_scheduled_run_is_an_experiment_of_its_own_named_in_the_ui(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    options = {"overrides": {"federation.rounds": 1}, "runs_dir": str(tmp_path / "runs"), "tracking_uri": uri,
+               "dated": True}
+    first = run_training(SMOKE, "nightly", **options)
+    time.sleep(1.1)  # the next trigger, a second later
+    second = run_training(SMOKE, "nightly", **options)
+
+    names = [Path(summary["run_dir"]).name for summary in (first, second)]
+    assert names[0] != names[1] and all(re.fullmatch(r"nightly-\d{8}-\d{6}", name) for name in names)
+    assert [flow_run(summary["prefect_flow_run_id"]).name for summary in (first, second)] == names
+    assert first["rounds"] == second["rounds"] == 1  # each trained its own round; neither resumed the other
+
+
+def test_an_extended_run_has_one_current_model_and_tags_the_one_it_supersedes(tmp_path):
+    first, client = train(tmp_path, "extended", **{"federation.rounds": 1})
+    extended, _ = train(tmp_path, "extended", **{"federation.rounds": 2})
+
+    run = client.get_run(extended["mlflow_run_id"])
+    assert first["mlflow_run_id"] == extended["mlflow_run_id"]
+    models = client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
+    by_rounds = {model.tags["fedcme.rounds"]: model for model in models}
+    assert sorted(by_rounds) == ["1", "2"]
+    assert by_rounds["2"].tags["fedcme.current"] == "true"
+    assert by_rounds["1"].tags["fedcme.current"] == "false"
+    assert by_rounds["1"].tags["fedcme.superseded_by"] == by_rounds["2"].model_id
+    assert run.data.tags["model_uri"] == extended["model_uri"] == by_rounds["2"].model_uri

@@ -44,8 +44,8 @@ def test_a_failing_client_is_retried_then_dropped_and_logged(tmp_path, prefect_s
     assert flaky.calls == 3  # the first try and two retries (inside the worker's task, or Prefect's task retries)
     client = MlflowClient(tracking_uri=uri)
     failed = client.get_metric_history(summary["mlflow_run_id"], "failed_clients")
-    assert [(metric.step, metric.value) for metric in failed] == [(0, 1.0), (1, 0.0)]
-    round_file = Path(client.download_artifacts(summary["mlflow_run_id"], "matching/round-0000.json", str(tmp_path)))
+    assert [(metric.step, metric.value) for metric in failed] == [(1, 1.0), (2, 0.0)]
+    round_file = Path(client.download_artifacts(summary["mlflow_run_id"], "matching/round-0001.json", str(tmp_path)))
     assert "injected failure 3" in json.loads(round_file.read_text())["failures"][str(failing)]
     assert state_problem(load_server_state(summary["run_dir"], 2)["model"]) is None
 
@@ -102,7 +102,7 @@ def test_a_tracking_failure_mid_run_loses_nothing_and_sync_logs_the_rest(tmp_pat
     assert synced["rounds_logged"] == 2 and synced["model_uri"]
     client = MlflowClient(tracking_uri=uri)
     steps = [metric.step for metric in client.get_metric_history(synced["mlflow_run_id"], "test_accuracy")]
-    assert steps == [0, 1, 2]
+    assert steps == [1, 2, 3]
     assert client.get_run(synced["mlflow_run_id"]).info.status == "FINISHED"
 
 

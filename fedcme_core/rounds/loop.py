@@ -16,6 +16,7 @@ from typing import Any
 from ..algorithms import build_algorithm
 from ..config import ExperimentConfig
 from ..faults import StepFailure, dropped_clients, surviving_donors
+from ..records import RoundRecord
 from . import store
 from .executors import Executor, SerialExecutor, largest_first
 from .setup import prepare_run
@@ -86,29 +87,27 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
         "aggregate", lambda: executor.call("aggregate", aggregate_step, config, run_dir, round_index, training, lost)
     )
     metrics = timed("evaluate", lambda: executor.call("evaluate", evaluate_step, config, run_dir, round_index))
-    record = {
-        "round": round_index,
-        "selected": [int(client) for client in selected],
-        "pairs": matching["pairs"],
+    record = RoundRecord(
+        round=round_index,
+        selected=[int(client) for client in selected],
+        pairs=matching["pairs"],
         **aggregate["algorithm_record"],  # what the algorithm records of the uploads
-        "train_loss": aggregate["train_loss"],
+        train_loss=aggregate["train_loss"],
         **metrics,
-        "client_train_seconds": float(sum(summary["seconds"] for summary in summaries)),
-        # Local training plus the client's step-7 report (features, evaluation vector).
-        "client_work_seconds": float(sum(summary["work_seconds"] for summary in summaries)),
-        # The longest client's work in each phase, summed: no layout finishes a round's phases sooner.
-        "critical_client_seconds": float(
+        client_train_seconds=float(sum(summary["seconds"] for summary in summaries)),
+        client_work_seconds=float(sum(summary["work_seconds"] for summary in summaries)),
+        critical_client_seconds=float(
             sum(max((summary["work_seconds"] for summary in phase), default=0.0) for phase in phase_summaries)
         ),
-        "samples_trained": int(sum(summary["samples"] for summary in summaries)),
-        "aggregated_clients": aggregate["clients"],
-        "dropped_clients": len(dropped),
-        "failed_clients": len(failed),
-        "rejected_clients": len(aggregate["rejected"]),
-        "failures": {**failed, **aggregate["rejected"]},
+        samples_trained=int(sum(summary["samples"] for summary in summaries)),
+        aggregated_clients=aggregate["clients"],
+        dropped_clients=len(dropped),
+        failed_clients=len(failed),
+        rejected_clients=len(aggregate["rejected"]),
+        failures={**failed, **aggregate["rejected"]},
         **timings,
-    }
-    record["round_seconds"] = time.perf_counter() - round_started
+        round_seconds=time.perf_counter() - round_started,
+    ).to_dict()
     return executor.call("commit", commit_round, config, run_dir, round_index, record)
 
 
