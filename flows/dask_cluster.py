@@ -8,14 +8,25 @@ unmapped again at each training step and its pages faulted in anew: measured on 
 963-1043 without it (``BENCHMARKS.md``, "Parallel efficiency"). Our workers leave glibc's
 defaults alone (dask documents a ``None`` value as "do not set"); the nanny's other
 variables (``OMP_NUM_THREADS=1`` and the like) stay.
+
+With ``runner.dask_address`` the workers are someone else's processes, possibly on other
+machines: :func:`probe_workers` asks each, before the run starts, whether it runs the same
+fedcme code, sees the run directory and can load the run's data, and names the first that cannot.
 """
 
 from __future__ import annotations
 
+import hashlib
+import uuid
+from pathlib import Path
 from typing import Any
 
 import dask
 from distributed import LocalCluster
+
+from .errors import OrchestratorError
+
+PACKAGES = ("fedcme_core", "flows")
 
 WORKER_ENVIRONMENT = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
 
@@ -24,3 +35,63 @@ def local_cluster(**cluster_kwargs: Any) -> LocalCluster:
     """A ``distributed.LocalCluster(**cluster_kwargs)`` whose worker processes keep glibc's malloc defaults."""
     with dask.config.set(WORKER_ENVIRONMENT):
         return LocalCluster(**cluster_kwargs)
+
+
+def code_digest() -> str:
+    """SHA-256 over the sources of the project's packages as this process imports them."""
+    digest = hashlib.sha256()
+    for package in PACKAGES:
+        root = Path(__import__(package).__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.relative_to(root.parent).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def worker_problem(marker: str, config_values: dict[str, Any], digest: str) -> str | None:
+    """On a Dask worker: why it cannot take part in the run (same code, the run directory, the data), or None."""
+    theirs = code_digest()
+    if theirs != digest:
+        return (f"runs other fedcme code (source sha256 {theirs[:12]}, this command's {digest[:12]}); "
+                "install the same version on every worker")
+    if not Path(marker).is_file():
+        return (f"cannot see {Path(marker).parent}: the runs directory must be on storage every worker sees, "
+                "at the same path")
+    from fedcme_core.config import config_from_dict
+    from fedcme_core.rounds import load_experiment_dataset
+
+    config = config_from_dict(config_values)
+    try:
+        load_experiment_dataset(config.data, config.seed)
+    except Exception as error:  # the worker's own reason, whatever it is, for the one line
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return f"cannot load the run's data from its working directory {Path.cwd()}: {reason}"
+    return None
+
+
+def probe_workers(address: str, config, runs_dir: Path, timeout: float = 30.0) -> int:
+    """Check every worker of the scheduler at `address` before a run; returns how many answered.
+
+    Raises :class:`OrchestratorError` naming the first worker that cannot take part."""
+    from distributed import Client
+
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    marker = runs_dir.resolve() / f".worker-probe-{uuid.uuid4().hex}"
+    marker.write_text("fedcme\n", encoding="utf-8")
+    try:
+        with Client(address, timeout=timeout) as client:
+            answers = client.run(worker_problem, str(marker), config.model_dump(mode="json"), code_digest(),
+                                 on_error="return")
+    except OSError as error:
+        raise OrchestratorError(f"Dask scheduler {address}: not reachable ({error})") from None
+    finally:
+        marker.unlink(missing_ok=True)
+    if not answers:
+        raise OrchestratorError(f"Dask scheduler {address}: no workers")
+    problems = {worker: answer if isinstance(answer, str) else f"{type(answer).__name__}: {answer}"
+                for worker, answer in sorted(answers.items()) if answer is not None}
+    if problems:
+        worker, problem = next(iter(problems.items()))
+        more = f" (and {len(problems) - 1} more workers)" if len(problems) > 1 else ""
+        raise OrchestratorError(f"Dask worker {worker}: {problem}{more}")
+    return len(answers)

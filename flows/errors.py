@@ -8,4 +8,4 @@ class TrackingError(RuntimeError):
 
 
 class OrchestratorError(RuntimeError):
-    """Prefect's server cannot be started or reached; the message says why."""
+    """Prefect's server, or a Dask scheduler or worker, cannot be used; the message says why."""

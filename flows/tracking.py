@@ -19,6 +19,7 @@ the tracker warns once and stops logging, the results stay in the run directory,
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -230,11 +231,19 @@ class RunTracker:
 
         def log() -> str:
             mlflow.set_tracking_uri(self.uri)
-            with mlflow.start_run(run_id=self.run_id):
-                info = mlflow.pytorch.log_model(
-                    model, name="model", input_example=input_example, pip_requirements=PIP_REQUIREMENTS,
-                    serialization_format="pickle", step=rounds, tags={"fedcme.current": "true", "fedcme.rounds": rounds},
-                )
+            # Its warning about the pickle form on every run says what README's "Security" says once.
+            pytorch_logger = logging.getLogger("mlflow.pytorch")
+            level = pytorch_logger.level
+            pytorch_logger.setLevel(logging.ERROR)
+            try:
+                with mlflow.start_run(run_id=self.run_id):
+                    info = mlflow.pytorch.log_model(
+                        model, name="model", input_example=input_example, pip_requirements=PIP_REQUIREMENTS,
+                        serialization_format="pickle", step=rounds,
+                        tags={"fedcme.current": "true", "fedcme.rounds": rounds},
+                    )
+            finally:
+                pytorch_logger.setLevel(level)
             experiment_id = self.client.get_run(self.run_id).info.experiment_id
             earlier = self.client.search_logged_models(
                 [experiment_id], filter_string=f"source_run_id = '{self.run_id}'")

@@ -155,6 +155,8 @@ def train(
 ) -> dict[str, Any]:
     logger = progress_logger()
     run_dir = experiment_run_dir(runs_dir, experiment)
+    if config.runner.dask_address:  # workers elsewhere resolve the tasks' paths with their own working directory
+        run_dir = run_dir.resolve()
     workers, threads = worker_layout(config.runner)
     torch.set_num_threads(threads)
     uri = resolve_tracking_uri(tracking_uri)
@@ -235,6 +237,10 @@ def run_training(config: ExperimentConfig | str | Path, experiment: str, **param
     # A bad dataset or an unreachable tracking server stops us here, before anything is written.
     load_experiment_dataset(config.data, config.seed)
     check_reachable(resolve_tracking_uri(parameters.get("tracking_uri")))
+    if config.runner.kind == "dask" and config.runner.dask_address:
+        from .dask_cluster import probe_workers
+
+        probe_workers(config.runner.dask_address, config, Path(parameters.get("runs_dir", "runs")))
     configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner))
     summary = configured_flow(config=config, experiment=experiment, **parameters)
     if uses_temporary_server():
