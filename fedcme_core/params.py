@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from .config import (
     AlgorithmConfig,
@@ -105,6 +105,7 @@ class ParamsFile(_Section):
     grid: GridSection
     ablation: AblationSection | None = None
     report: ReportSection = ReportSection()
+    _cells: dict[tuple, ExperimentConfig] = PrivateAttr(default_factory=dict)  # the validated cell configs
 
     @model_validator(mode="after")
     def _grid_names_defined(self) -> ParamsFile:
@@ -149,8 +150,15 @@ class ParamsFile(_Section):
         return overrides
 
     def cell_config(self, *cell: Any, prepared_dir: str | None = None, source: str = "params") -> ExperimentConfig:
-        values = apply_overrides(self.raw_base, self.cell_overrides(*cell, prepared_dir=prepared_dir))
-        return config_from_dict(values, source=source)
+        """The validated config of one grid cell (validated once per file: `params_from_dict` keeps
+        every cell's), reading its data from `prepared_dir` when given."""
+        config = self._cells.get(cell)
+        if config is None:
+            config = config_from_dict(apply_overrides(self.raw_base, self.cell_overrides(*cell)), source=source)
+            self._cells[cell] = config
+        if prepared_dir is None:
+            return config
+        return config.model_copy(update={"data": config.data.model_copy(update={"prepared_dir": prepared_dir})})
 
     def all_cells(self) -> Iterator[tuple[str, str, float, int, int, int]]:
         yield from self.grid.cells()
