@@ -1,6 +1,6 @@
 """The training flow: every global round of every algorithm as Prefect tasks, tracked in MLflow.
 
-    python -m flows.train --config params.yaml --experiment NAME     (same as `fedcme train`)
+    fedcme train --config params.yaml --experiment NAME     (flows/cli.py; run_training here)
 
 Per round (``fedcme_core.rounds.run_round``, the only round loop):
 select -> match -> local training of all selected clients in parallel (phase 1; FedCME stops at
