@@ -126,6 +126,9 @@ def paired_table(entries: Sequence[Mapping[str, Any]], setting: str, reference: 
     """Final accuracy minus the reference's, seed by seed: mean ± std (points), wins, seeds, paired t-test p."""
     differences = paired_differences(entries, setting, reference)
     if not differences:
+        methods = {entry["method"] for entry in entries if entry["setting"] == setting}
+        if reference in methods:
+            return f"_No method besides {reference} in this setting yet._\n"
         return f"_No {reference} run in this setting to pair with._\n"
     lines = [f"| Method | Δ final accuracy vs {reference} (points) | seeds won | seeds | p (paired t) |",
              "|---|---:|---:|---:|---:|"]
@@ -142,7 +145,7 @@ def where_fedcme_does_not_win(entries: Sequence[Mapping[str, Any]]) -> str:
     bullet where FedCME is ahead on average but not on every seed or not at p < 0.05.
     """
     cells = cells_by_seed(entries)
-    losses, unsure = [], []
+    losses, unsure, compared = [], [], 0
     for setting in unique_in_order([entry["setting"] for entry in entries]):
         in_setting = {method: seed_stats(by_seed, "final_accuracy")
                       for (method, cell_setting), by_seed in cells.items() if cell_setting == setting}
@@ -150,6 +153,7 @@ def where_fedcme_does_not_win(entries: Sequence[Mapping[str, Any]]) -> str:
         if not fedcme or len(fedcme) == len(in_setting):
             continue
         best = max(fedcme, key=lambda method: fedcme[method].mean)
+        compared += 1
         for method, other in in_setting.items():
             difference = None if method in fedcme else paired_difference(fedcme[best], other)
             if difference is None:
@@ -160,6 +164,8 @@ def where_fedcme_does_not_win(entries: Sequence[Mapping[str, Any]]) -> str:
                 losses.append(text)
             elif difference.losses or difference.p_value is None or difference.p_value >= SIGNIFICANCE:
                 unsure.append(text)
+    if compared == 0:
+        return "No setting of this grid has both a FedCME run and another method's yet: nothing to compare.\n"
     parts = []
     if losses:
         parts.append("The best FedCME variant of the setting is not ahead of these methods on average "

@@ -323,3 +323,11 @@ def test_load_metrics_names_an_edited_file_by_its_content_hash(tmp_path):
     (tmp_path / "edited.json").write_text(json.dumps({**entry, "final_accuracy": 0.99}), encoding="utf-8")
     with pytest.raises(ValueError, match=r"edited\.json: content hash mismatch"):
         load_metrics(tmp_path)
+
+
+def test_a_grid_without_fedcme_claims_no_win_and_a_lone_reference_has_nothing_to_pair():
+    entries = [metrics_entry("a", "FedAvg", LOW, 0.5)]
+
+    assert where_fedcme_does_not_win(entries) == (
+        "No setting of this grid has both a FedCME run and another method's yet: nothing to compare.\n")
+    assert paired_table(entries, LOW) == "_No method besides FedAvg in this setting yet._\n"
