@@ -105,22 +105,11 @@ def test_a_worker_that_cannot_load_the_data_is_named_before_the_run_starts(tmp_p
     assert not (tmp_path / "runs" / "unseen-data").exists()  # nothing of the run was written
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
 def test_a_worker_killed_mid_phase_leaves_the_same_model(tmp_path, dask_cluster):
     import signal
     import threading
 
-    from .processes import command_line, processes_with_environment
+    from .processes import children, command_line, processes_with_environment
 
     address, token = dask_cluster
     runs, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlflow.db'}"
