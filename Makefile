@@ -22,7 +22,7 @@ export DVC_NO_ANALYTICS := 1
 EXPERIMENT ?= default
 CONFIG ?= params.yaml
 
-.PHONY: install run train test clean
+.PHONY: install run train test compare clean
 
 install: $(STAMP)
 
@@ -31,7 +31,6 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
-	$(PY) tools/offline_plots_template.py
 	touch $(STAMP)
 
 run: install
@@ -46,6 +45,13 @@ train: install
 
 test: install
 	$(PY) -m pytest
+
+# The grid's experiments (git commits, `dvc exp run`s) side by side in a terminal: one column per
+# method (reports/summary.json: mean final accuracy, %) and only the params that differ; no
+# per-experiment metric (metrics/...) and no dependency hash (paths, fedcme_core).
+COMPARE_COLUMNS := --only-changed --drop '.*/' --drop 'fedcme_core$$' --keep 'accuracy\.'
+compare:
+	$(VENV)/bin/dvc exp show --no-pager $(COMPARE_COLUMNS)
 
 # Benchmarks (bench/, figures in BENCHMARKS.md): JSON lines appended to bench/results.jsonl.
 .PHONY: bench bench-quick

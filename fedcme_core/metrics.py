@@ -12,7 +12,9 @@ history (one record per global round, ``round`` = 0..T-1, with ``test_accuracy``
   target accuracy and the total wall time;
 - :func:`history_csv`: the per-round CSV text that DVC plots and the report's figures read;
 - :func:`with_content_hash` / :func:`verify_content_hash`: a summary's SHA-256, so an edited or
-  corrupted metrics file is named when the report reads it.
+  corrupted metrics file is named when the report reads it;
+- :func:`split_summary`: an experiment's summary as its two files, the numbers that `dvc metrics
+  show` lists (``metrics/<exp>.json``) and what names the run (``metrics/about/<exp>.json``).
 
 Round counts in the outputs are 1-based: "after round r" means after r global rounds,
 i.e. the record whose ``round`` is r - 1.
@@ -143,6 +145,20 @@ def _canonical_sha256(values: Mapping[str, Any]) -> str:
 def with_content_hash(summary: Mapping[str, Any]) -> dict[str, Any]:
     """`summary` plus ``content_sha256``: the SHA-256 of its other keys as canonical JSON."""
     return {**summary, HASH_KEY: _canonical_sha256(summary)}
+
+
+# What names an experiment and its grid cell (text, and settings rather than results); the
+# content hash goes with them. Everything else of a summary is a result, a number.
+ABOUT_KEYS = ("experiment", "method", "method_name", "setting", "group", "dataset", "alpha", "num_clients",
+              "clients_per_round", "local_epochs", "seed", "final_window", "target_accuracy", HASH_KEY)
+
+
+def split_summary(entry: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(results, about) of an experiment's hashed summary: the results file holds numbers only, so
+    that `dvc metrics show` lists no text; joined again (``{**results, **about}``) they are `entry`."""
+    results = {key: value for key, value in entry.items() if key not in ABOUT_KEYS}
+    about = {key: value for key, value in entry.items() if key in ABOUT_KEYS}
+    return results, about
 
 
 def verify_content_hash(entry: Mapping[str, Any], source: str) -> None:

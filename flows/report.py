@@ -5,12 +5,13 @@ results, each cell the mean ± std over the grid's seeds: Table II (final test a
 settings), Table III (test accuracy at T/5 ... T and rounds to a target, for one setting), the
 ablation comparison (its Table IV), the paired differences against FedAvg (:mod:`flows.seed_stats`)
 and the settings where FedCME does not win. Each experiment contributes ``metrics/<exp>.json``
-(:func:`fedcme_core.metrics.summarize` plus its identity: method label, setting, group, seed and the
-grid cell), ``metrics/<exp>.csv`` (per round) and ``metrics/matching/<exp>.json`` (the matching,
+(its results, :func:`fedcme_core.metrics.summarize`), ``metrics/about/<exp>.json`` (its identity:
+method label, setting, group, seed and the grid cell; a file written before 2026-12-01 holds both
+in one), ``metrics/<exp>.csv`` (per round) and ``metrics/matching/<exp>.json`` (the matching,
 :func:`fedcme_core.matching.matching_similarity`).
 
     python -m flows.report --metrics metrics --markdown reports/results.md --png reports/accuracy.png \\
-        --csv reports/results.csv --grid default
+        --csv reports/results.csv --grid default --summary reports/summary.json --curves reports/curves
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from fedcme_core.checkpoints import atomic_write_bytes
 from fedcme_core.metrics import verify_content_hash
 
+from .report_dvc import curve_tables, summary_metrics
 from .report_figures import curves_png, empty_png, matching_png, matching_rounds
 from .report_tables import (
     FEDCME_PREFIX,
@@ -56,7 +58,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 
 def load_metrics(directory: Path) -> list[dict[str, Any]]:
-    """Every ``*.json`` metrics file of `directory`, sorted by file name.
+    """Every experiment of `directory`: each ``*.json`` results file joined with its ``about/`` file,
+    sorted by file name.
 
     Raises ValueError naming the file when it is not valid JSON, not an object, does not match
     its ``content_sha256``, lacks a required key (named too) or has a group other than "main" /
@@ -68,10 +71,14 @@ def load_metrics(directory: Path) -> list[dict[str, Any]]:
     entries = []
     for path in sorted(directory.glob("*.json")):
         entry = read_json_object(path)
+        about = directory / "about" / path.name
+        if about.is_file():
+            entry = {**entry, **read_json_object(about)}
         verify_content_hash(entry, str(path))
         for key in REQUIRED_KEYS:
             if key not in entry:
-                raise ValueError(f"{path}: lacks the required key {key!r}")
+                missing = "" if about.is_file() else f" (and {about} is missing)"
+                raise ValueError(f"{path}: lacks the required key {key!r}{missing}")
         if entry["group"] not in GROUPS:
             raise ValueError(f"{path}: key 'group' must be one of {GROUPS}, got {entry['group']!r}")
         entries.append(entry)
@@ -210,8 +217,12 @@ def write_report(
     output_csv: Path | None = None,
     grid: str = "default",
     note: str | None = None,
+    output_summary: Path | None = None,
+    output_curves: Path | None = None,
 ) -> None:
-    """Write the Markdown report, its figures and (with `output_csv`) the grid's summary CSV, each atomically.
+    """Write the Markdown report, its figures and (with `output_csv`) the grid's summary CSV, each atomically;
+    with `output_summary` and `output_curves`, what DVC shows (:mod:`flows.report_dvc`): the summary
+    metric and the folder of overlay-plot tables (its other CSV files removed).
 
     The accuracy figure goes to `output_png`, the ablation and matching figures beside it as
     ``<stem>-ablation.png`` and ``<stem>-matching.png`` (a panel saying so when there is nothing
@@ -240,8 +251,18 @@ def write_report(
     writes[output_markdown] = report_markdown(entries, title=title, links=links, note=note).encode("utf-8")
     if output_csv is not None:
         writes[Path(output_csv)] = summary_csv(entries, grid).encode("utf-8")
+    if output_summary is not None:
+        writes[Path(output_summary)] = (json.dumps(summary_metrics(entries), indent=2) + "\n").encode("utf-8")
+    stale: list[Path] = []
+    if output_curves is not None:
+        tables = {Path(output_curves) / name: text.encode("utf-8")
+                  for name, text in curve_tables(entries, metrics_directory).items()}
+        stale = [path for path in Path(output_curves).glob("*.csv") if path not in tables]
+        writes.update(tables)
     for path, content in writes.items():
         atomic_write_bytes(path, content)
+    for path in stale:
+        path.unlink()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,13 +273,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--png", type=Path, default=Path("reports/accuracy.png"), help="accuracy figure to write")
     parser.add_argument("--csv", type=Path, default=None, help="summary CSV to write (one row per experiment)")
     parser.add_argument("--grid", default="default", help="the grid's name, the CSV's first column")
+    parser.add_argument("--summary", type=Path, default=None, help="DVC metric to write: mean final accuracy per method")
+    parser.add_argument("--curves", type=Path, default=None, help="folder of per-setting tables for the DVC overlay plot")
     parser.add_argument("--title", default=None, help="the report's title (default: from --grid)")
     parser.add_argument("--note", default=None, help="an opening paragraph: where the runs come from")
     arguments = parser.parse_args(argv)
     title = arguments.title or f"FedCME results: the {arguments.grid} grid"
     try:
         write_report(arguments.metrics, arguments.markdown, arguments.png, title=title,
-                     output_csv=arguments.csv, grid=arguments.grid, note=arguments.note)
+                     output_csv=arguments.csv, grid=arguments.grid, note=arguments.note,
+                     output_summary=arguments.summary, output_curves=arguments.curves)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     print(f"wrote {arguments.markdown} and {arguments.png}" + (f" and {arguments.csv}" if arguments.csv else ""))

@@ -75,32 +75,43 @@ def _png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def setting_curves(
+    entries: Sequence[Mapping[str, Any]], csv_directory: Path, methods: Sequence[str]
+) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]]]:
+    """{setting: {method: (rounds, mean, min, max, n seeds)}} of the test accuracy (fractions), settings
+    and methods in their order; a method without runs in a setting is left out of it."""
+    csv_directory = Path(csv_directory)
+    curves: dict[str, dict[str, Any]] = {}
+    for setting in dict.fromkeys(entry["setting"] for entry in entries):
+        curves[setting] = {}
+        for method in methods:
+            runs = [entry for entry in entries if entry["setting"] == setting and entry["method"] == method]
+            if runs:
+                band = seed_band([read_accuracy_curve(csv_directory / f"{entry['experiment']}.csv") for entry in runs])
+                curves[setting][method] = (*band, len(runs))
+    return curves
+
+
 def curves_png(entries: Sequence[Mapping[str, Any]], csv_directory: Path, methods: Sequence[str]) -> bytes:
     """PNG bytes: test accuracy (%) vs round, one panel per setting, a mean line and min-max band per method."""
-    csv_directory = Path(csv_directory)
-    settings = list(dict.fromkeys(entry["setting"] for entry in entries))
-    columns = max(1, min(2, len(settings)))
-    rows = max(1, math.ceil(len(settings) / columns))
+    curves = setting_curves(entries, csv_directory, methods)
+    columns = max(1, min(2, len(curves)))
+    rows = max(1, math.ceil(len(curves) / columns))
     figure = Figure(figsize=(PANEL_INCHES[0] * columns + 2.2, PANEL_INCHES[1] * rows), layout="constrained")
     axes_grid = figure.subplots(rows, columns, squeeze=False)
     styles = method_styles(methods)
-    for axes in axes_grid.flat[len(settings):]:
+    for axes in axes_grid.flat[len(curves):]:
         axes.set_axis_off()
     handles: dict[str, Any] = {}
-    for setting, axes in zip(settings, axes_grid.flat):
-        for method in methods:
-            runs = [entry for entry in entries if entry["setting"] == setting and entry["method"] == method]
-            if not runs:
-                continue
-            curves = [read_accuracy_curve(csv_directory / f"{entry['experiment']}.csv") for entry in runs]
-            rounds, mean, low, high = seed_band(curves)
+    for (setting, by_method), axes in zip(curves.items(), axes_grid.flat):
+        for method, (rounds, mean, low, high, seeds) in by_method.items():
             style = styles[method]
             marker_every = max(1, len(rounds) // 8)
             (line,) = axes.plot(rounds, 100 * mean, color=style["color"], linestyle=style["linestyle"],
                                 marker=style["marker"], markevery=marker_every, markersize=4, linewidth=1.6)
-            if len(runs) > 1:
+            if seeds > 1:
                 axes.fill_between(rounds, 100 * low, 100 * high, color=style["color"], alpha=0.15, linewidth=0)
-            handles.setdefault(f"{method} (n={len(runs)})" if len(runs) > 1 else method, line)
+            handles.setdefault(f"{method} (n={seeds})" if seeds > 1 else method, line)
         axes.set_title(setting, fontsize=10)
         axes.set_xlabel("round")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -34,7 +34,7 @@ from fedcme_core.rounds import (
     run_directory_matches,
 )
 from fedcme_core.matching import matching_similarity
-from fedcme_core.metrics import history_csv, summarize, with_content_hash
+from fedcme_core.metrics import history_csv, split_summary, summarize, with_content_hash
 from fedcme_core.params import ParamsFile, load_params
 from fedcme_core.partition import class_counts, save_partition
 
@@ -120,7 +120,8 @@ def partition(arguments: argparse.Namespace, params: ParamsFile) -> None:
 
 # ------------------------------------------------------------------------------- train
 def train(arguments: argparse.Namespace, params: ParamsFile) -> None:
-    """Run the Prefect training flow for one grid cell; write metrics/<exp>.json|.csv and models/<exp>.pt.
+    """Run the Prefect training flow for one grid cell; write metrics/<exp>.json|.csv, metrics/about/<exp>.json,
+    metrics/matching/<exp>.json and models/<exp>.pt.
 
     With no Prefect API configured, the stage starts its temporary Prefect server first (as
     `fedcme train` does), and that server dies with the stage."""
@@ -168,8 +169,11 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
     }
     counts = json.loads((partition_file.parent / "class_counts.json").read_text(encoding="utf-8"))["class_counts"]
     matching = {**identity, "class_counts": counts, "rounds": matching_similarity(history)}
-    Path("metrics/matching").mkdir(parents=True, exist_ok=True)
-    write_json(Path("metrics") / f"{experiment}.json", with_content_hash(summary))
+    results, about = split_summary(with_content_hash(summary))
+    for folder in ("metrics/matching", "metrics/about"):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    write_json(Path("metrics/about") / f"{experiment}.json", about)
+    write_json(Path("metrics") / f"{experiment}.json", results)
     atomic_write_bytes(Path("metrics") / f"{experiment}.csv", history_csv(history).encode("utf-8"))
     write_json(Path("metrics/matching") / f"{experiment}.json", matching)
     save_checkpoint({"model": final_state["model"], "experiment": experiment}, Path("models") / f"{experiment}.pt")

@@ -5,6 +5,13 @@ and returns small plain data; models travel as checkpoint files in the run direc
 task can run in a thread, in a Dask worker process or on another machine sharing the run
 directory. Inputs are never hashed (``cache_policy=NONE``: they are configs and paths whose
 files change underneath) and results are not persisted (the run directory is the record).
+The graph's edges are the round's order, given as ``wait_for``: each step waits for the one
+before it, the exchange for every first-phase client (the swap barrier) and every second-phase
+client for the exchange. Every argument goes in a :class:`Sealed`, which Prefect neither walks
+nor draws: its own lineage links an input to any earlier result holding the same object, and
+plain data shares interned objects across rounds (the key "pairs" of every record), so round 2's
+commit was drawn from round 1's and a config from an arbitrary earlier task. (Prefect's own
+``quote`` does this on threads, but reaches a Dask worker as a plain tuple.)
 Task runs are named by step, round (1-based), client and phase (`local-train r3 c17 p1`).
 Local training is one task per client per phase by default (``runner.client_tasks: client``: 2M
 tasks a round, each client its own line in the UI), or one task per worker per phase (``worker``:
@@ -13,6 +20,7 @@ the phase's clients packed by size into near-equal groups, 2 x workers tasks a r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +42,7 @@ def run_name(step: str) -> Callable[[], str]:
     def name() -> str:
         from prefect.runtime import task_run
 
-        parameters = task_run.parameters
+        parameters = {key: unsealed(value) for key, value in task_run.parameters.items()}
         if "steps" in parameters:  # one task per worker: (run_dir, round, client, phase, start) each
             steps = parameters["steps"]
             clients = ",".join(str(client) for _, _, client, _, _ in steps)
@@ -49,9 +57,30 @@ def run_name(step: str) -> Callable[[], str]:
     return name
 
 
+class Sealed:
+    """A task argument that Prefect passes on without looking inside; the task unwraps it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def unsealed(value: Any) -> Any:
+    return value.value if isinstance(value, Sealed) else value
+
+
 def step_task(step: str):
-    """@task with the project's options and the step's run name."""
-    return task(name=step, task_run_name=run_name(step), **TASK_OPTIONS)
+    """@task with the project's options and the step's run name, over a function that unwraps sealed arguments."""
+
+    def decorate(function: Callable[..., Any]):
+        @functools.wraps(function)
+        def step_function(*args: Any, **kwargs: Any) -> Any:
+            return function(*map(unsealed, args), **{key: unsealed(value) for key, value in kwargs.items()})
+
+        return task(name=step, task_run_name=run_name(step), **TASK_OPTIONS)(step_function)
+
+    return decorate
 
 
 def worker_layout(runner: RunnerConfig) -> tuple[int, int]:
@@ -144,10 +173,13 @@ class PrefectExecutor:
         self.workers = workers
         self.client_tasks = client_tasks
         self.task_runs = 0  # how many task runs this flow run created (to check they were recorded)
+        self.upstream: list[Any] = []  # the completed task runs of the step before (futures or states)
 
     def call(self, step: str, function, *args: Any) -> Any:
         self.task_runs += 1
-        return STEP_TASKS[step](*args)
+        state = STEP_TASKS[step](*sealed(args), wait_for=self.upstream, return_state=True)
+        self.upstream = [state]
+        return state.result()
 
     def map(self, step: str, function, arguments, retries: int = 0, costs=None) -> list[Any | StepFailure]:
         """The clients' phases as tasks; a client that still fails after its retries gives a StepFailure."""
@@ -157,8 +189,9 @@ class PrefectExecutor:
             return self._map_grouped(arguments, retries, costs)
         self.task_runs += len(arguments)
         client_task = train_phase_task.with_options(retries=retries)
-        futures = [client_task.submit(*args, self.torch_threads) for args in arguments]
-        return [_result_or_failure(future) for future in futures]
+        futures = [client_task.submit(*sealed((*args, self.torch_threads)), wait_for=self.upstream)
+                   for args in arguments]
+        return self.finished(futures)
 
     def _map_grouped(self, arguments, retries: int, costs) -> list[Any | StepFailure]:
         """One task per worker: the clients packed by cost (largest first) into near-equal groups."""
@@ -167,15 +200,29 @@ class PrefectExecutor:
         config = arguments[0][0]  # the same for every client of the phase: sent once per task
         steps = [args[1:] for args in arguments]
         futures = [
-            train_phase_group_task.submit(config, [steps[position] for position in group], self.torch_threads, retries)
+            train_phase_group_task.submit(
+                *sealed((config, [steps[position] for position in group], self.torch_threads, retries)),
+                wait_for=self.upstream,
+            )
             for group in groups
         ]
         results: list[Any | StepFailure] = [None] * len(arguments)
-        for group, future in zip(groups, futures, strict=True):
-            outcome = _result_or_failure(future)
+        for group, outcome in zip(groups, self.finished(futures), strict=True):
             for index, position in enumerate(group):
                 results[position] = outcome if isinstance(outcome, StepFailure) else outcome[index]
         return results
+
+    def finished(self, futures: list) -> list[Any | StepFailure]:
+        """Each future's result or StepFailure; the completed ones are what the next step waits for
+        (one that failed stays out: the round goes on without that client)."""
+        outcomes = [_result_or_failure(future) for future in futures]
+        self.upstream = [future for future, outcome in zip(futures, outcomes, strict=True)
+                         if not isinstance(outcome, StepFailure)]
+        return outcomes
+
+
+def sealed(arguments) -> list[Sealed]:
+    return [Sealed(argument) for argument in arguments]
 
 
 def _result_or_failure(future) -> Any | StepFailure:

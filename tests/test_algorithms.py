@@ -21,7 +21,8 @@ from .helpers import fresh_run, same_state, tiny_client_data, train
 
 def context(model, **extra) -> ClientContext:
     return ClientContext(
-        client_id=0, round_index=1, class_counts=np.array([5, 0, 3] + [0] * 7), global_state=model.state_dict(), **extra
+        client_id=0, round_index=1, class_counts=np.array([5, 0, 3] + [0] * 7), global_state=model.state_dict(),
+        seed=0, learning_rate=0.01, **extra
     )
 
 

@@ -60,9 +60,19 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
     # prepare; per round 6 steps + 2 phases x 2 worker tasks (runner.client_tasks: worker)
     assert summary["prefect_task_runs"] == 1 + 2 * 10
     assert wait_for_task_run_records(summary["prefect_flow_run_id"], 21) == 21
-    groups = [name for name in task_run_names(summary["prefect_flow_run_id"]) if name.startswith("local-train-group")]
+    runs = task_runs(summary["prefect_flow_run_id"])
+    groups = sorted(run.name for run in runs if run.name.startswith("local-train-group"))
     assert [name.split(" c")[0] for name in groups] == sorted(f"local-train-group r{r} p{p}" for r in (1, 2)
                                                               for p in (1, 2) for _ in range(2))
+    # The graph (Prefect's task inputs) is the round's order: no argument draws an edge; each step
+    # waits for the one before, the exchange for every first-phase task and the second phase for it.
+    by_id = {str(run.id): run.name for run in runs}
+    assert all(inputs == [] for run in runs for name, inputs in run.task_inputs.items() if name != "wait_for")
+    waits = {run.name.split(" c")[0]: sorted({by_id[str(item.id)].split(" c")[0] for item in run.task_inputs.get("wait_for", [])})
+             for run in runs}
+    assert waits["prepare"] == [] and waits["select r1"] == ["prepare"] and waits["select r2"] == ["commit r1"]
+    assert waits["exchange r2"] == ["local-train-group r2 p1"] and waits["local-train-group r2 p2"] == ["exchange r2"]
+    assert waits["aggregate r2"] == ["local-train-group r2 p2"] and waits["commit r2"] == ["evaluate r2"]
     # The flow run is named by its experiment, and its Logs tab shows the run's progress.
     assert flow_run(summary["prefect_flow_run_id"]).name == "smoke"
     def round_lines(messages: list[str]) -> list[str]:
@@ -124,14 +134,14 @@ def flow_run_logs(flow_run_id: str, wanted, timeout: float = 60.0) -> list[str]:
         time.sleep(0.5)
 
 
-def task_run_names(flow_run_id: str) -> list[str]:
-    """The names of a flow run's task runs, read back through Prefect's client API."""
+def task_runs(flow_run_id: str) -> list:
+    """A flow run's task runs, read back through Prefect's client API."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return sorted(run.name for run in runs)
+    return runs
 
 
 def test_phase_two_checkpoints_hold_the_counterparts_classifier(tmp_path):
@@ -141,7 +151,7 @@ def test_phase_two_checkpoints_hold_the_counterparts_classifier(tmp_path):
     history = load_server_state(paths.root, 2)["history"]
     # The UI names each task run by step, round (1-based, as the console), client and phase.
     wait_for_task_run_records(summary["prefect_flow_run_id"], summary["prefect_task_runs"])
-    names = task_run_names(summary["prefect_flow_run_id"])
+    names = sorted(run.name for run in task_runs(summary["prefect_flow_run_id"]))
     expected = [f"local-train r{record['round'] + 1} c{client} p{phase}"
                 for record in history for client in record["selected"] for phase in (1, 2)]
     assert [name for name in names if name.startswith("local-train")] == sorted(expected)

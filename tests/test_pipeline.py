@@ -49,8 +49,7 @@ def pipeline(tmp_path_factory, mirror, prefect_server):
     run(["git", "init", "-q"], workdir, environment)
     run(["dvc", "init", "-q", "-f"], workdir, environment)
     shutil.copy2(REPO_ROOT / ".dvc" / "config", workdir / ".dvc" / "config")
-    (workdir / ".dvc" / "plots").mkdir(parents=True, exist_ok=True)
-    shutil.copy2(REPO_ROOT / ".dvc" / "plots" / "offline.html", workdir / ".dvc" / "plots" / "offline.html")
+    shutil.copytree(REPO_ROOT / ".dvc" / "plots", workdir / ".dvc" / "plots")  # `dvc init -f` left none
     run(["git", "add", "-A"], workdir, environment)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], workdir, environment)
     first = run(["dvc", "repro"], workdir, environment)
@@ -73,7 +72,11 @@ def test_repro_creates_every_declared_output(pipeline):
         "reports/accuracy-matching.png",
         "reports/results.csv",
         *[f"models/{name}.pt" for name in EXPERIMENTS],
+        "reports/summary.json",
+        "reports/curves/fmnist-a0.5-k100m2.csv",
+        "reports/curves/fmnist-a0.5-k100m2-ablation.csv",
         *[f"metrics/{name}.json" for name in EXPERIMENTS],
+        *[f"metrics/about/{name}.json" for name in EXPERIMENTS],
         *[f"metrics/{name}.csv" for name in EXPERIMENTS],
         *[f"metrics/matching/{name}.json" for name in EXPERIMENTS],
     ]
@@ -129,6 +132,69 @@ def test_metrics_params_and_plots_work_offline(pipeline):
     assert "methods.fedcme-mu001" in params
     page = (workdir / "plots-html" / "index.html").read_text()
     assert "vegaEmbed" in page and not re.search(r"<script[^>]+src=", page)
+
+
+def flat_values(values, prefix=""):
+    """(key, value) of a nested metrics dict, keys dotted as `dvc metrics show` names them."""
+    for key, value in values.items():
+        yield from flat_values(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]
+
+
+def test_metrics_are_numbers_and_the_summary_has_every_method(pipeline):
+    workdir, environment, _ = pipeline
+
+    shown = json.loads(run(["dvc", "metrics", "show", "--json"], workdir, environment))
+    files = {name: entry["data"] for revision in shown.values() for name, entry in revision["data"].items()}
+
+    assert set(files) == {"reports/summary.json", *(f"metrics/{name}.json" for name in EXPERIMENTS)}
+    assert [(name, key) for name, values in files.items() for key, value in flat_values(values)
+            if not isinstance(value, (int, float, type(None)))] == []
+    methods = [name.split("-k100m2-")[1].removesuffix("-s0") for name in EXPERIMENTS]
+    assert sorted(files["reports/summary.json"]["accuracy"]) == sorted(methods)
+    fedavg = json.loads((workdir / "metrics" / f"{EXPERIMENTS[0]}.json").read_text())["final_accuracy"]
+    assert files["reports/summary.json"]["accuracy"]["fedavg"] == round(100 * fedavg, 2)
+
+
+def test_the_plot_overlays_the_methods_of_a_setting_with_integer_rounds_in_percent(pipeline):
+    workdir, environment, _ = pipeline
+
+    shown = json.loads(run(["dvc", "plots", "show", "--json"], workdir, environment))["data"]
+
+    (overlay,) = shown["reports/curves/fmnist-a0.5-k100m2.csv"]
+    spec = overlay["content"]
+    assert spec["encoding"]["x"]["axis"]["format"] == "d" and spec["encoding"]["color"]["field"] == "method"
+    assert spec["layer"][1]["encoding"]["y"]["title"] == "test accuracy (%)"
+    values = spec["data"]["values"]
+    assert sorted({row["method"] for row in values}) == ["FedAvg", "FedCME(0.01)", "SCAFFOLD"]
+    assert sorted({row["round"] for row in values}) == ["1", "2"]
+    fedavg = [float(row["accuracy"]) for row in values if row["method"] == "FedAvg"]
+    history = (workdir / "metrics" / f"{EXPERIMENTS[0]}.csv").read_text().splitlines()
+    column = history[0].split(",").index("test_accuracy")
+    assert fedavg == pytest.approx([100 * float(line.split(",")[column]) for line in history[1:]], abs=1e-4)
+    assert "reports/curves/fmnist-a0.5-k100m2-ablation.csv" in shown
+    assert not any(name.startswith("metrics/") for name in shown)  # no chart per experiment
+
+
+def test_make_compare_fits_a_terminal(pipeline):
+    workdir, environment, _ = pipeline
+    width = 150
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    run([*git, "add", "-A"], workdir, environment)
+    run([*git, "commit", "-qm", "the smoke grid's results"], workdir, environment)
+    params = workdir / "params.yaml"
+    kept = params.read_text()
+    params.write_text(kept.replace("    batch_size: 64\n", "    batch_size: 32\n", 1))  # the next experiment, not run
+    try:
+        shown = run(["make", "-s", "--no-print-directory", "compare", f"VENV={Path(sys.executable).parent.parent}"],
+                    workdir, {**environment, "COLUMNS": str(width)})
+    finally:
+        params.write_text(kept)
+
+    lines = shown.splitlines()
+    header = lines[1].split()
+    assert header == ["Experiment", "Created", "accuracy.fedavg", "accuracy.fedcme-mu001", "accuracy.fedcme-no-exchange",
+                      "accuracy.scaffold", "base.training.batch_size"], shown
+    assert "…" not in shown and max(len(line) for line in lines) <= width, shown
 
 
 def test_changing_one_method_reruns_only_its_train_stage_and_the_report(pipeline):

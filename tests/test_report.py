@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcme_core.metrics import history_csv, with_content_hash
+from fedcme_core.metrics import history_csv, split_summary, with_content_hash
 from flows.report import load_matching, load_metrics, main, matching_runs, write_report
+from flows.report_dvc import curve_tables, summary_metrics
 from flows.report_figures import seed_band
 from flows.report_tables import (
     ablation_entries,
@@ -57,10 +58,13 @@ def grid_entries() -> list[dict]:
 
 
 def write_metrics_folder(folder: Path, entries: list[dict]) -> Path:
-    """Each entry as <experiment>.json plus a 5-round <experiment>.csv along its accuracy_at."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Each entry as the train stage writes it (<experiment>.json and about/<experiment>.json) plus a
+    5-round <experiment>.csv along its accuracy_at."""
+    (folder / "about").mkdir(parents=True, exist_ok=True)
     for entry in entries:
-        (folder / f"{entry['experiment']}.json").write_text(json.dumps(entry), encoding="utf-8")
+        results, about = split_summary(entry)
+        (folder / f"{entry['experiment']}.json").write_text(json.dumps(results), encoding="utf-8")
+        (folder / "about" / f"{entry['experiment']}.json").write_text(json.dumps(about), encoding="utf-8")
         history = [
             {"round": index, "test_accuracy": accuracy, "test_loss": 1.0, "train_loss": 0.5, "round_seconds": 1.0}
             for index, accuracy in enumerate(entry["accuracy_at"].values())
@@ -295,6 +299,68 @@ def test_load_metrics_reads_files_sorted_by_name(tmp_path):
     write_metrics_folder(tmp_path, list(reversed(entries)))
 
     assert load_metrics(tmp_path) == entries
+
+
+def test_a_results_file_holds_numbers_only_and_reads_back_joined_with_its_about_file(tmp_path):
+    entry = with_content_hash(metrics_entry("split", "FedAvg", LOW, 0.5, rounds_to_target=3))
+    write_metrics_folder(tmp_path, [entry])
+
+    results = json.loads((tmp_path / "split.json").read_text())
+    about = json.loads((tmp_path / "about" / "split.json").read_text())
+    assert sorted(results) == ["accuracy_at", "best_accuracy", "best_round", "final_accuracy", "final_loss",
+                               "rounds", "rounds_to_target", "total_seconds"]
+    assert all(isinstance(value, (int, float)) for key, value in results.items() if key != "accuracy_at")
+    assert about["method"] == "FedAvg" and about["content_sha256"] == entry["content_sha256"]
+    assert load_metrics(tmp_path) == [entry]
+
+
+def test_a_metrics_file_written_in_one_piece_reads_as_before(tmp_path):
+    entry = with_content_hash(metrics_entry("whole", "FedAvg", LOW, 0.5))
+    (tmp_path / "whole.json").write_text(json.dumps(entry), encoding="utf-8")
+
+    assert load_metrics(tmp_path) == [entry]
+
+
+def test_a_results_file_without_its_about_file_is_named(tmp_path):
+    write_metrics_folder(tmp_path, [metrics_entry("orphan", "FedAvg", LOW, 0.5)])
+    (tmp_path / "about" / "orphan.json").unlink()
+
+    with pytest.raises(ValueError, match=r"orphan\.json: lacks the required key 'experiment' \(and .*about/orphan\.json is missing\)"):
+        load_metrics(tmp_path)
+
+
+def test_an_edited_about_file_is_named_by_the_content_hash(tmp_path):
+    write_metrics_folder(tmp_path, [with_content_hash(metrics_entry("moved", "FedAvg", LOW, 0.5))])
+    about = tmp_path / "about" / "moved.json"
+    about.write_text(about.read_text().replace('"seed": 0', '"seed": 1'), encoding="utf-8")
+
+    with pytest.raises(ValueError, match=r"moved\.json: content hash mismatch"):
+        load_metrics(tmp_path)
+
+
+# ------------------------------------------------------------------------------- what DVC shows
+def test_the_summary_metric_is_each_methods_mean_final_accuracy_in_percent():
+    summary = summary_metrics(grid_entries())
+
+    # FedAvg: (0.50 + 0.60 + 0.7012) / 3; FedProx: (0.51 + 0.62) / 2; FedCME: (0.53 + 0.61 + 0.725) / 3.
+    assert summary == {"accuracy": {"fedavg": 60.04, "fedprox(0.01)": 56.5, "fedcme(0.01)": 62.17}}
+
+
+def test_the_overlay_tables_give_each_setting_every_method_per_round_in_percent(tmp_path):
+    entries = grid_entries() + [metrics_entry("f-noexchange-low-s0", "FedCME w/o exchange", LOW, 0.5,
+                                              accuracy_at=[0.1, 0.2, 0.3, 0.4, 0.5], group="ablation")]
+    tables = curve_tables(entries, write_metrics_folder(tmp_path, entries))
+
+    assert sorted(tables) == ["fmnist-a0.1-k50m20-ablation.csv", "fmnist-a0.1-k50m20.csv", "fmnist-a0.5-k50m20.csv"]
+    rows = list(csv.DictReader(io.StringIO(tables["fmnist-a0.1-k50m20.csv"])))
+    assert [row["method"] for row in rows] == ["FedAvg"] * 5 + ["FedProx(0.01)"] * 5 + ["FedCME(0.01)"] * 5
+    second = rows[1]  # FedAvg round 2: seeds 0.35 and 0.45
+    assert (second["round"], float(second["accuracy"]), float(second["accuracy_min"]),
+            float(second["accuracy_max"]), second["seeds"]) == ("2", 40.0, 35.0, 45.0, "2")
+    ablation = list(csv.DictReader(io.StringIO(tables["fmnist-a0.1-k50m20-ablation.csv"])))
+    assert sorted({row["method"] for row in ablation}) == ["FedCME w/o exchange", "FedCME(0.01)"]
+    assert [float(row["accuracy"]) for row in ablation if row["method"] == "FedCME w/o exchange"] == [
+        10.0, 20.0, 30.0, 40.0, 50.0]
 
 
 def test_load_metrics_names_a_file_that_is_not_json(tmp_path):

@@ -36,8 +36,10 @@ def test_server_control_update_by_hand():
 
 def test_each_step_is_corrected_by_lr_times_c_minus_c_i():
     model = LinearSplitModel(torch.ones(2, 2), torch.zeros(1, 2))
-    correction = {"extractor.weight": torch.full((2, 2), 2.0), "classifier.weight": torch.tensor([[1.0, -1.0]])}
-    hooks = ControlVariateHooks(model, correction, lr=0.1)
+    # c - c_i = [[2, 2], [2, 2]] for the extractor and [[1, -1]] for the classifier.
+    server = {"extractor.weight": torch.full((2, 2), 3.0), "classifier.weight": torch.tensor([[1.0, 0.0]])}
+    client = {"extractor.weight": torch.full((2, 2), 1.0), "classifier.weight": torch.tensor([[0.0, 1.0]])}
+    hooks = ControlVariateHooks(model, server, client, lr=0.1)
 
     hooks.after_step()
     hooks.after_step()

@@ -3,7 +3,9 @@
     python tools/check_run.py [--params params.yaml]
 
 Reads the grid of the params file, then `dvc metrics show --json`: every experiment of the grid
-and of the ablation must be listed with a numeric final accuracy, `reports/results.md` (naming
+and of the ablation must be listed with a numeric final accuracy, no metric may be text (names
+and settings live in metrics/about/), `reports/summary.json` must give every method's accuracy,
+`reports/results.md` (naming
 every method) and the report PNGs must exist, and `reports/results.csv` must hold one row per experiment. One line per problem on stderr and exit
 status 1; a one-line summary and 0 when all is there. `.ci/run` runs it after `make run`.
 """
@@ -24,6 +26,18 @@ from flows.stages import experiment_name  # noqa: E402
 REPORT = Path("reports/results.md")
 FIGURES = (Path("reports/accuracy.png"), Path("reports/accuracy-ablation.png"), Path("reports/accuracy-matching.png"))
 SUMMARY = Path("reports/results.csv")
+SUMMARY_METRIC = Path("reports/summary.json")
+
+
+def flat(values: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}, as `dvc metrics show` names nested keys."""
+    items: dict = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            items.update(flat(value, f"{prefix}{key}."))
+        else:
+            items[f"{prefix}{key}"] = value
+    return items
 
 
 def dvc_metrics() -> dict[str, dict]:
@@ -48,6 +62,12 @@ def problems(params_path: str) -> tuple[list[str], int]:
             found.append(f"{name}: not listed by `dvc metrics show` (the experiment did not finish)")
         elif not isinstance(accuracy, (int, float)):
             found.append(f"{name}: final_accuracy is {accuracy!r}, not a number")
+    found += [f"{name}: {key} is text ({value!r}); `dvc metrics show` lists numbers only"
+              for name, values in metrics.items() for key, value in flat(values).items() if isinstance(value, str)]
+    summary = flat(metrics.get(str(SUMMARY_METRIC), {}))
+    methods = {cell[0] for cell in cells}
+    found += [f"{SUMMARY_METRIC}: no accuracy.{method}" for method in sorted(methods)
+              if not isinstance(summary.get(f"accuracy.{method}"), (int, float))]
     if not REPORT.is_file():
         found.append(f"{REPORT}: missing")
     else:

@@ -1,10 +1,12 @@
 """Write `.dvc/plots/offline.html`: DVC's plots page with vega, vega-lite and vega-embed inlined.
 
 `dvc plots show` loads these libraries from a CDN by default, so its HTML renders nothing
-offline. This fetches the same versions from the npm registry (`npm pack`) once and inlines
-them; `.dvc/config` points `plots.html_template` at the result.
+offline. This fetches the same versions from the npm registry (`npm pack`) and inlines them,
+each after its licence (BSD-3-Clause) as a comment; `.dvc/config` points `plots.html_template`
+at the result. The page is committed (vendored), so every checkout has it; this tool is how it
+was made, and how to make it again for other versions:
 
-    python tools/offline_plots_template.py
+    python tools/offline_plots_template.py [--force]
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ PAGE = """<!DOCTYPE html>
 """
 
 
-def main() -> int:
-    if TARGET.exists():
+def main(argv: list[str] | None = None) -> int:
+    if TARGET.exists() and "--force" not in (sys.argv[1:] if argv is None else argv):
+        print(f"{TARGET} exists (--force to write it again)")
         return 0
     scripts = []
     with tempfile.TemporaryDirectory() as workdir:
@@ -47,8 +50,10 @@ def main() -> int:
                                     capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             with tarfile.open(Path(workdir) / packed) as archive:
                 source = archive.extractfile(f"package/{member}").read().decode("utf-8")
+                licence = archive.extractfile("package/LICENSE").read().decode("utf-8").replace("-->", "- ->")
             inline = source.replace("</script", "<\\/script")
-            scripts.append(f"    <script>\n{inline}\n    </script>")
+            scripts.append(f"    <!-- {name} {version} (npm), {member}\n{licence.strip()}\n    -->\n"
+                           f"    <script>\n{inline}\n    </script>")
     TARGET.parent.mkdir(parents=True, exist_ok=True)
     temporary = TARGET.with_suffix(".tmp")
     temporary.write_text(PAGE.format(scripts="\n".join(scripts)), encoding="utf-8")

@@ -2,8 +2,9 @@
 
     python tools/publish_results.py --grid default [--metrics metrics] [--note "make run from a fresh clone ..."]
 
-Copies every finished experiment of the metrics folder (``<exp>.json``, ``<exp>.csv`` and
-``matching/<exp>.json``) into ``docs/results/<grid>/``, keeping those already there (so a
+Copies every finished experiment of the metrics folder (``<exp>.json`` and ``about/<exp>.json``, in
+that split even when the source holds both in one file, ``<exp>.csv`` and ``matching/<exp>.json``)
+into ``docs/results/<grid>/``, keeping those already there (so a
 campaign publishes run by run), then writes from that folder ``docs/results-<grid>.md``, its
 figures ``docs/results-<grid>*.png`` and ``docs/results/<grid>.csv``. A later checkout rebuilds
 the same report from the committed folder without retraining.
@@ -18,19 +19,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fedcme_core.metrics import split_summary  # noqa: E402
 from flows.report import load_metrics, write_report  # noqa: E402
+from flows.stages import write_json  # noqa: E402
 
 DOCS = Path("docs")
 
 
 def publish(grid: str, metrics: Path, note: str | None) -> list[str]:
     target = DOCS / "results" / grid
-    (target / "matching").mkdir(parents=True, exist_ok=True)
+    for folder in ("matching", "about"):
+        (target / folder).mkdir(parents=True, exist_ok=True)
     copied = []
     for entry in load_metrics(metrics):  # validated (content hash, keys) before anything is copied
         name = entry["experiment"]
-        for relative in (f"{name}.json", f"{name}.csv", f"matching/{name}.json"):
-            if (metrics / relative).is_file():
+        results, about = split_summary(entry)
+        write_json(target / "about" / f"{name}.json", about)
+        write_json(target / f"{name}.json", results)
+        for relative in (f"{name}.csv", f"matching/{name}.json"):
+            if (metrics / relative).is_file() and (metrics / relative).resolve() != (target / relative).resolve():
                 shutil.copy2(metrics / relative, target / relative)
         copied.append(name)
     write_report(target, DOCS / f"results-{grid}.md", DOCS / f"results-{grid}.png",

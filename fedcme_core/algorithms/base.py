@@ -44,10 +44,10 @@ class ClientContext:
     round_index: int
     class_counts: np.ndarray  # [C] samples per class held by the client (n_k[c])
     global_state: Mapping[str, torch.Tensor]  # w^t
+    seed: int  # the experiment seed (for the client's own random choices, e.g. D_eval_k)
+    learning_rate: float  # the local SGD step size (training.lr)
     server: ServerState = field(default_factory=dict)  # the algorithm's server state (zeta^t, c, ...)
     client_state: Mapping[str, Any] | None = None  # kept for this client since its last round, if any
-    seed: int = 0  # the experiment seed (for the client's own random choices, e.g. D_eval_k)
-    learning_rate: float = 0.0  # the local SGD step size (training.lr)
 
 
 @dataclass(frozen=True)

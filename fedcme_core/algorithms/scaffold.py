@@ -33,11 +33,13 @@ class ScaffoldConfig(Frozen):
 
 
 class ControlVariateHooks(ClientHooks):
-    """After each optimizer step: y <- y - lr * (c - c_i); counts the steps (K)."""
+    """After each optimizer step: y <- y - lr * (c - c_i); counts the steps (K). Holds c and c_i for the report."""
 
-    def __init__(self, model: SplitModel, correction: ControlVariate, lr: float) -> None:
+    def __init__(self, model: SplitModel, server: ControlVariate, client: ControlVariate, lr: float) -> None:
+        self.server, self.client = server, client
         self.parameters = [parameter for _, parameter in model.named_parameters()]
-        self.correction = [correction[name].to(parameter.device) for name, parameter in model.named_parameters()]
+        self.correction = [(server[name] - client[name]).to(parameter.device)
+                           for name, parameter in model.named_parameters()]
         self.lr = lr
         self.steps = 0
 
@@ -71,21 +73,18 @@ class Scaffold(Algorithm):
 
     config_class = ScaffoldConfig
 
-    def _controls(self, model: SplitModel, context: ClientContext) -> tuple[ControlVariate, ControlVariate]:
+    def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
+        """c and c_i (zeros before the first aggregation / the client's first round)."""
         zeros = zeros_like_parameters(model)
         server = context.server.get("control") or zeros
         client = context.client_state["control"] if context.client_state is not None else zeros
-        return server, client
-
-    def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
-        server, client = self._controls(model, context)
-        return ControlVariateHooks(model, {name: server[name] - client[name] for name in server}, context.learning_rate)
+        return ControlVariateHooks(model, server, client, context.learning_rate)
 
     def client_report(self, model: SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
                       context: ClientContext, hooks: ClientHooks) -> dict[str, Any]:
-        server, client = self._controls(model, context)
         local = {name: parameter.detach() for name, parameter in model.named_parameters()}
-        delta = client_control_update(client, server, context.global_state, local, hooks.steps, context.learning_rate)
+        delta = client_control_update(hooks.client, hooks.server, context.global_state, local, hooks.steps,
+                                      context.learning_rate)
         return {"control_delta": delta}
 
     def client_state(self, model_state: Mapping[str, torch.Tensor], report: Mapping[str, Any],
