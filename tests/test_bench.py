@@ -82,3 +82,30 @@ def test_quick_benchmarks_write_well_formed_results(tmp_path, prefect_server):
             assert all(summary > 0 for summary in record["run_seconds"].values())
     assert {record["layout"] for record in records if record["bench"] == "parallel"} == {"threads", "processes", "bare"}
     assert {record["model"] for record in records if record["bench"] == "per_sample"} == {"fmnist_cnn", "cifar_cnn"}
+
+
+def run_gpu_bench(tmp_path, *options: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "DO_NOT_TRACK": "1"}
+    return subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "gpu.py"), "--results",
+                           str(tmp_path / "gpu.jsonl"), *options], cwd=tmp_path, env=environment,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_gpu_bench_without_a_gpu_says_so_in_one_line(tmp_path):
+    completed = run_gpu_bench(tmp_path)
+
+    assert completed.returncode == 2
+    assert completed.stderr == ("bench/gpu.py: no CUDA device here (torch.cuda.is_available() is False); "
+                                "nothing measured\n")
+    assert not (tmp_path / "gpu.jsonl").exists()
+
+
+def test_the_gpu_bench_quick_mode_runs_its_rounds_on_the_cpu(tmp_path):
+    completed = run_gpu_bench(tmp_path, "--quick")
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    records = [json.loads(line) for line in (tmp_path / "gpu.jsonl").read_text().splitlines()]
+    assert [record["workers"] for record in records] == [1, 2]
+    assert all(record["device"] == "cpu" and record["rounds"] == 2 and record["gpu_utilisation_percent"] is None
+               for record in records)
+    assert all(is_positive(record[key]) for record in records for key in ("round_seconds", "samples_per_second"))

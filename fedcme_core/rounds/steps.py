@@ -29,6 +29,7 @@ from ..models import resolve_device
 from ..seeding import torch_generator
 from ..training import load_local_run, save_local_run, start_local_run, train_epochs
 from . import store
+from .device import client_data, worker_stream
 from .setup import available_cores, load_experiment_dataset, new_model, run_compute, run_partition, torch_threads
 from .store import RunError, RunPaths
 
@@ -85,10 +86,8 @@ def train_phase_step(
     partition, counts = run_partition(config, run_dir)
     state = store.shared_server_state(run_dir, round_index)
     device = resolve_device(config.device)
-    indices = torch.tensor(partition.clients[client_id])
     # Once per client and phase, so that every batch is gathered in the run's layout.
-    inputs = compute.layout(dataset.x_train[indices].to(device))  # [D_k, C_in, H, W]
-    labels = dataset.y_train[indices].to(device)  # [D_k]
+    inputs, labels = client_data(dataset, torch.tensor(partition.clients[client_id]), device, compute)  # [D_k, ...]
 
     model = new_model(config, dataset.num_classes, device, compute)
     phases = algorithm.phases(config.training.local_epochs)
@@ -106,10 +105,9 @@ def train_phase_step(
     hooks = algorithm.client_hooks(model, context)
 
     started = time.perf_counter()
-    train_epochs(run, inputs, labels, hooks, last_epoch - first_epoch, config.training.batch_size, compute,
-                 augmentation(config.augmentation))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    with worker_stream(device):
+        train_epochs(run, inputs, labels, hooks, last_epoch - first_epoch, config.training.batch_size, compute,
+                     augmentation(config.augmentation))
     seconds = time.perf_counter() - started
     summary = {"client": client_id, "phase": phase_index, "seconds": seconds, "work_seconds": seconds,
                "samples": int(labels.shape[0]) * (last_epoch - first_epoch), "loss": run.epoch_losses[-1]}
@@ -119,7 +117,8 @@ def train_phase_step(
 
     model_state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
     started = time.perf_counter()
-    report = algorithm.client_report(model, inputs, labels, context, hooks)
+    with worker_stream(device):
+        report = algorithm.client_report(model, inputs, labels, context, hooks)
     summary["work_seconds"] += time.perf_counter() - started
     kept = algorithm.client_state(model_state, report, context)
     if kept is not None:
