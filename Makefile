@@ -48,8 +48,8 @@ test: install
 
 # The grid's experiments (git commits, `dvc exp run`s) side by side in a terminal: one column per
 # method (reports/summary.json: mean final accuracy, %) and only the params that differ; no
-# per-experiment metric (metrics/...) and no dependency hash (paths, fedcme_core).
-COMPARE_COLUMNS := --only-changed --drop '.*/' --drop 'fedcme_core$$' --keep 'accuracy\.'
+# per-experiment metric (metrics/...) and no dependency hash (paths, fedcme_core, metrics).
+COMPARE_COLUMNS := --only-changed --drop '.*/' --drop 'fedcme_core$$' --drop 'metrics$$' --keep 'accuracy\.'
 compare:
 	$(VENV)/bin/dvc exp show --no-pager $(COMPARE_COLUMNS)
 
