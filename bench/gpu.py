@@ -99,9 +99,13 @@ def measure(values: dict, workers: int) -> dict:
 
     config = config_from_dict(values, "bench/gpu.py")
     records: list[dict] = []
+    executor = ThreadPoolRounds(workers)
     with tempfile.TemporaryDirectory(prefix="fedcme-bench-gpu-") as run_dir, UtilisationSampler(0) as sampler:
         started = time.perf_counter()
-        run_experiment(config, run_dir, ThreadPoolRounds(workers), on_round=records.append)
+        try:
+            run_experiment(config, run_dir, executor, on_round=records.append)
+        finally:
+            executor.pool.shutdown()
         wall = time.perf_counter() - started
     timed = records[1:] or records
     seconds = common.median([record["round_seconds"] for record in timed])

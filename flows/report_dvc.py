@@ -18,6 +18,7 @@ from typing import Any
 
 from .report_figures import setting_curves
 from .report_tables import ablation_entries, unique_in_order
+from .stages import setting_name
 
 CURVE_COLUMNS = ("round", "method", "accuracy", "accuracy_min", "accuracy_max", "seeds")
 
@@ -32,17 +33,13 @@ def summary_metrics(entries: Sequence[Mapping[str, Any]]) -> dict[str, dict[str,
     return {"accuracy": accuracy}
 
 
-def setting_slug(entry: Mapping[str, Any]) -> str:
-    """fmnist-a1.0-k10m10: the experiment name without method and seed (a file name for the setting)."""
-    return f"{entry['dataset']}-a{entry['alpha']}-k{entry['num_clients']}m{entry['clients_per_round']}"
-
-
 def curve_tables(entries: Sequence[Mapping[str, Any]], csv_directory: Path) -> dict[str, str]:
     """{file name: CSV text}: one table per setting of the main group, one per setting with ablations."""
     groups = {"": [entry for entry in entries if entry["group"] == "main"], "-ablation": ablation_entries(entries)}
     tables = {}
     for suffix, selected in groups.items():
-        slugs = {entry["setting"]: setting_slug(entry) for entry in selected}
+        slugs = {entry["setting"]: setting_name(entry["dataset"], entry["alpha"], entry["num_clients"],
+                                                entry["clients_per_round"]) for entry in selected}
         methods = unique_in_order([entry["method"] for entry in selected])
         for setting, by_method in setting_curves(selected, csv_directory, methods).items():
             lines = [",".join(CURVE_COLUMNS)]

@@ -32,18 +32,23 @@ def interrupt(signal_number, frame) -> None:
     raise KeyboardInterrupt
 
 
-def group_members(group: int) -> list[int]:
-    """The live processes of process group `group` (dvc and its stages; a stage whose dvc has
-    already exited is still there, though no longer its child). Linux /proc."""
-    members = []
+def live_processes() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every live (not zombie) process. Linux /proc."""
+    found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, pgrp, ...
         except OSError:
             continue
-        if fields[0] != "Z" and int(fields[2]) == group:
-            members.append(int(stat.parent.name))
-    return members
+        if fields[0] != "Z":
+            found.append((int(stat.parent.name), int(fields[1]), int(fields[2])))
+    return found
+
+
+def group_members(group: int) -> list[int]:
+    """The live processes of process group `group` (dvc and its stages; a stage whose dvc has
+    already exited is still there, though no longer its child)."""
+    return [pid for pid, _, pgrp in live_processes() if pgrp == group]
 
 
 def stop_within(process: subprocess.Popen, seconds: float) -> None:

@@ -50,8 +50,13 @@ def partition_name(dataset: str, alpha: float, clients: int, seed: int) -> str:
     return f"{dataset}-a{alpha}-k{clients}-s{seed}"
 
 
+def setting_name(dataset: str, alpha: float, clients: int, per_round: int) -> str:
+    """fmnist-a1.0-k10m10: a grid setting as file names spell it."""
+    return f"{dataset}-a{alpha}-k{clients}m{per_round}"
+
+
 def experiment_name(method: str, dataset: str, alpha: float, clients: int, per_round: int, seed: int) -> str:
-    return f"{dataset}-a{alpha}-k{clients}m{per_round}-{method}-s{seed}"
+    return f"{setting_name(dataset, alpha, clients, per_round)}-{method}-s{seed}"
 
 
 def setting_label(dataset: str, alpha: float, clients: int, per_round: int) -> str:

@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+from flows.repro import live_processes
+
 
 def processes_with_environment(entry: str) -> list[int]:
     """Pids of the live (not zombie) processes whose environment holds `entry`."""
@@ -33,15 +35,7 @@ def is_gone(pid: int) -> bool:
 
 def children(pid: int) -> list[int]:
     """Pids of the live processes whose parent is `pid`."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
+    return [child for child, parent, _ in live_processes() if parent == pid]
 
 
 def command_line(pid: int) -> str:

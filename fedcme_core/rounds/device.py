@@ -33,11 +33,10 @@ def resident_training_set(dataset: data_module.Dataset, device: torch.device,
     """The training set on `device` in the run's layout, copied once per process (x [N, C, H, W], y [N])."""
     key = (id(dataset.x_train), str(device), compute.channels_last)
     with _LOCK:
-        cached = _RESIDENT.get(key)
-        if cached is None or cached[0] is not dataset.x_train:  # an id reused by another dataset
-            cached = (dataset.x_train, compute.layout(dataset.x_train.to(device)), dataset.y_train.to(device))
-            _RESIDENT[key] = cached
-    return cached[1], cached[2]
+        if key not in _RESIDENT:  # the entry holds the source tensor, so its id is not reused meanwhile
+            _RESIDENT[key] = (dataset.x_train, compute.layout(dataset.x_train.to(device)), dataset.y_train.to(device))
+        _, x, y = _RESIDENT[key]
+    return x, y
 
 
 def gather_resident(dataset: data_module.Dataset, indices: torch.Tensor, device: torch.device,
