@@ -7,11 +7,14 @@ directory. Inputs are never hashed (``cache_policy=NONE``: they are configs and 
 files change underneath) and results are not persisted (the run directory is the record).
 The graph's edges are the round's order, given as ``wait_for``: each step waits for the one
 before it, the exchange for every first-phase client (the swap barrier) and every second-phase
-client for the exchange. Every argument goes in a :class:`Sealed`, which Prefect neither walks
-nor draws: its own lineage links an input to any earlier result holding the same object, and
-plain data shares interned objects across rounds (the key "pairs" of every record), so round 2's
-commit was drawn from round 1's and a config from an arbitrary earlier task. (Prefect's own
-``quote`` does this on threads, but reaches a Dask worker as a plain tuple.)
+client for the exchange. Every argument and every result goes in a :class:`Sealed`, which
+Prefect neither walks nor draws. Its own lineage links an input to any earlier result holding
+the same object, found by ``id()``: plain data shares interned objects across rounds (the key
+"pairs" of every record), and a plain dict or list result is kept by ``id()`` alone, so a freed
+result's recycled address linked a later task to it (round 2's second phase was drawn from
+``evaluate r1``). A sealed result is weak-referenceable, so Prefect checks the object is still the
+same one (PrefectHQ/prefect#20558). (Prefect's own ``quote`` does this for arguments on threads,
+but reaches a Dask worker as a plain tuple.)
 Task runs are named by step, round (1-based), client and phase (`local-train r3 c17 p1`).
 Local training is one task per client per phase by default (``runner.client_tasks: client``: 2M
 tasks a round, each client its own line in the UI), or one task per worker per phase (``worker``:
@@ -58,9 +61,10 @@ def run_name(step: str) -> Callable[[], str]:
 
 
 class Sealed:
-    """A task argument that Prefect passes on without looking inside; the task unwraps it."""
+    """A task argument or result that Prefect passes on without looking inside; the receiver
+    unwraps it. Weak-referenceable, so Prefect's result registry never matches a recycled id."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "__weakref__")
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -71,12 +75,13 @@ def unsealed(value: Any) -> Any:
 
 
 def step_task(step: str):
-    """@task with the project's options and the step's run name, over a function that unwraps sealed arguments."""
+    """@task with the project's options and the step's run name, over a function that unwraps its
+    sealed arguments and seals its result."""
 
     def decorate(function: Callable[..., Any]):
         @functools.wraps(function)
         def step_function(*args: Any, **kwargs: Any) -> Any:
-            return function(*map(unsealed, args), **{key: unsealed(value) for key, value in kwargs.items()})
+            return Sealed(function(*map(unsealed, args), **{key: unsealed(value) for key, value in kwargs.items()}))
 
         return task(name=step, task_run_name=run_name(step), **TASK_OPTIONS)(step_function)
 
@@ -179,7 +184,7 @@ class PrefectExecutor:
         self.task_runs += 1
         state = STEP_TASKS[step](*sealed(args), wait_for=self.upstream, return_state=True)
         self.upstream = [state]
-        return state.result()
+        return unsealed(state.result())
 
     def map(self, step: str, function, arguments, retries: int = 0, costs=None) -> list[Any | StepFailure]:
         """The clients' phases as tasks; a client that still fails after its retries gives a StepFailure."""
@@ -227,6 +232,6 @@ def sealed(arguments) -> list[Sealed]:
 
 def _result_or_failure(future) -> Any | StepFailure:
     try:
-        return future.result()
+        return unsealed(future.result())
     except Exception as error:  # the task failed after its retries: the round decides what follows
         return StepFailure.from_exception(error)
