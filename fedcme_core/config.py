@@ -18,9 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from .algorithms import ALGORITHM_NAMES, AlgorithmConfig
-from .algorithms.fedcme import FedCMEConfig
-from .algorithms.moon import MoonConfig
+from .algorithm_configs import ALGORITHM_NAMES, AlgorithmConfig, FedCMEConfig, MoonConfig
 from .architectures import MODEL_INPUT_SHAPES
 from .frozen import Frozen
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -82,10 +81,10 @@ def train(arguments: argparse.Namespace) -> int:
         from .train import run_training
 
         check_experiment_name(arguments.experiment)
-        ready()
         return run_training(
             config,
             arguments.experiment,
+            ready,
             runs_dir=arguments.runs_dir,
             tracking_uri=arguments.tracking_uri,
             partition_file=arguments.partition,
@@ -202,5 +201,12 @@ def run_command(arguments: argparse.Namespace) -> int:
     return arguments.handler(arguments)
 
 
+def entry() -> None:
+    """The `fedcme` console script: `main`, then a prompt exit (flows.command.exit_promptly)."""
+    from .command import exit_promptly
+
+    exit_promptly(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -88,4 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .command import exit_promptly
+
+    exit_promptly(main())

@@ -16,9 +16,9 @@ directory holds another config starts that run over, one that holds the same con
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,8 +135,7 @@ def train(arguments: argparse.Namespace, params: ParamsFile) -> None:
     def action(ready) -> None:
         from .train import run_training
 
-        ready()
-        train_cell(arguments, params, run_training)
+        train_cell(arguments, params, functools.partial(run_training, ready=ready))
 
     run_against_prefect(action, "this stage")
 
@@ -216,4 +215,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .command import exit_promptly
+
+    exit_promptly(main())

@@ -79,6 +79,25 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
         ) from None
 
 
+def warm_up(uri: str) -> None:
+    """Do now what the run needs of MLflow later, while the command waits for Prefect's server.
+
+    Opens the store (for sqlite, its schema check: 1.3 s here; MLflow keeps the store per URI)
+    and starts, on a daemon thread, MLflow's map of installed distributions to modules, which
+    ``log_model``'s requirement check builds after the last round (3 s here). A store that cannot
+    be opened is left to :meth:`RunTracker.open`, which says what is wrong in one line."""
+    import threading
+
+    from mlflow.utils import requirements_utils
+
+    threading.Thread(target=requirements_utils._init_packages_to_modules_map, name="mlflow-packages",
+                     daemon=True).start()
+    try:
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception:  # noqa: BLE001 - reported by RunTracker.open, before any training
+        pass
+
+
 def git_commit(directory: Path) -> str:
     try:
         result = subprocess.run(

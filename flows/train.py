@@ -20,6 +20,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -45,7 +46,7 @@ from fedcme_core.records import round_line
 
 from .errors import TrackingError
 from .tasks import PrefectExecutor, worker_layout
-from .tracking import RunTracker, check_reachable, git_commit, resolve_tracking_uri
+from .tracking import RunTracker, check_reachable, git_commit, resolve_tracking_uri, warm_up
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_MLFLOW_EXPERIMENT = "fedcme"
@@ -226,21 +227,28 @@ def train(
     return summary
 
 
-def run_training(config: ExperimentConfig | str | Path, experiment: str, **parameters: Any) -> dict[str, Any]:
+def run_training(config: ExperimentConfig | str | Path, experiment: str, ready: Callable[[], None] | None = None,
+                 **parameters: Any) -> dict[str, Any]:
     """Run `train_flow` for one experiment on the task runner its `runner` section names.
 
     `config` is the validated config (what the commands pass: parsed once), or a file read here
-    with `overrides` and `config_section`; nothing is written for a bad one."""
+    with `overrides` and `config_section`; nothing is written for a bad one. `ready` (a command's
+    wait for its Prefect server) is called just before the flow starts, after the work that needs
+    no Prefect: the checks, the dataset and the MLflow store (:func:`~flows.tracking.warm_up`)."""
     if not isinstance(config, ExperimentConfig):
         config = load_config(config, overrides=parameters.pop("overrides", None),
                              section=parameters.pop("config_section", None))
     # A bad dataset or an unreachable tracking server stops us here, before anything is written.
     load_experiment_dataset(config.data, config.seed)
-    check_reachable(resolve_tracking_uri(parameters.get("tracking_uri")))
+    uri = resolve_tracking_uri(parameters.get("tracking_uri"))
+    check_reachable(uri)
     if config.runner.kind == "dask" and config.runner.dask_address:
         from .dask_cluster import probe_workers
 
         probe_workers(config.runner.dask_address, config, Path(parameters.get("runs_dir", "runs")))
+    warm_up(uri)
+    if ready is not None:
+        ready()
     configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner))
     summary = configured_flow(config=config, experiment=experiment, **parameters)
     if uses_temporary_server():

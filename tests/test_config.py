@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcme_core.algorithms.fedcme import FedCMEConfig
-from fedcme_core.algorithms.fedprox import FedProxConfig
-from fedcme_core.algorithms.moon import MoonConfig
+from fedcme_core.algorithm_configs import ALGORITHM_CONFIGS, ALGORITHM_NAMES, FedCMEConfig, FedProxConfig, MoonConfig
 from fedcme_core.config import (
     ConfigError,
     ExperimentConfig,
@@ -18,6 +18,26 @@ from fedcme_core.config import (
     config_from_dict,
     load_config,
 )
+
+from .conftest import REPO_ROOT
+
+
+def test_a_config_and_a_params_file_are_validated_without_importing_torch():
+    """Commands validate first and start Prefect's server next, before torch (2 s) is imported."""
+    script = ("import sys\n"
+              "from fedcme_core.config import load_config\n"
+              "load_config('configs/smoke.yaml')\n"
+              "load_config('configs/params-niid-bench.yaml')\n"
+              "print(sorted(name for name in sys.modules if name.split('.')[0] == 'torch'))\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_every_algorithm_is_registered_under_its_config_name():
+    from fedcme_core.algorithms import ALGORITHMS
+
+    assert tuple(ALGORITHMS) == ALGORITHM_NAMES and len(set(ALGORITHM_NAMES)) == len(ALGORITHM_CONFIGS)
+    assert all(ALGORITHMS[name].config_class is config for name, config in zip(ALGORITHM_NAMES, ALGORITHM_CONFIGS))
 
 
 def write(tmp_path, text: str):

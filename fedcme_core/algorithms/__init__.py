@@ -1,16 +1,13 @@
 """Algorithms as hooks (see ``base.Algorithm``), and the one registry of them.
 
-Each module declares its algorithm class and that class's config (``config_class``, whose
-``name`` literal is the algorithm's name); the config union and the name list derive from
-:data:`ALGORITHM_CLASSES` alone, so adding an algorithm is one module and one line here.
+Each module declares its algorithm class, whose ``config_class`` (the model of its ``algorithm:``
+section, in the torch-free :mod:`fedcme_core.algorithm_configs`) gives its name, the config's
+``name`` literal; adding an algorithm is one config class there, one module and one line here.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Union
-
-from pydantic import Field
-
+from ..algorithm_configs import ALGORITHM_NAMES, AlgorithmConfig
 from .base import Algorithm, ClientContext, Matching, Upload
 from .fedavg import FedAvg
 from .fedcme import FedCME
@@ -21,8 +18,6 @@ from .scaffold import Scaffold
 
 ALGORITHM_CLASSES: tuple[type[Algorithm], ...] = (FedAvg, FedProx, Moon, FedRS, FedCME, Scaffold)
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in ALGORITHM_CLASSES}
-ALGORITHM_NAMES = tuple(ALGORITHMS)
-AlgorithmConfig = Annotated[Union[tuple(cls.config_class for cls in ALGORITHM_CLASSES)], Field(discriminator="name")]
 
 
 def build_algorithm(config) -> Algorithm:

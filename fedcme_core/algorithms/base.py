@@ -14,8 +14,9 @@ exchanges with whom), ``phases`` and ``exchange`` (what is exchanged after floor
 and ``round_record`` (what the round's record carries from the uploads).
 
 The round code (``fedcme_core.rounds``) calls these hooks and interprets no algorithm flag.
-An algorithm module declares its config class and name once (``config_class``); the config
-union and the name list derive from the registry in ``algorithms/__init__.py``.
+An algorithm module names its config class once (``config_class``, from the torch-free
+``fedcme_core.algorithm_configs``, where the config union and the name list live); the name is
+that config's ``name`` literal, and ``algorithms/__init__.py`` holds the registry.
 """
 
 from __future__ import annotations

@@ -5,14 +5,8 @@ Everything FedAvg needs is the default behaviour of :class:`~.base.Algorithm`.
 
 from __future__ import annotations
 
-from typing import Literal
-
-from ..frozen import Frozen
+from ..algorithm_configs import FedAvgConfig
 from .base import Algorithm
-
-
-class FedAvgConfig(Frozen):
-    name: Literal["fedavg"] = "fedavg"
 
 
 class FedAvg(Algorithm):

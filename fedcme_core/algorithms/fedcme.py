@@ -15,26 +15,16 @@ configs rather than code:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
 from ..features import GlobalFeatures, aggregate_global_features, alignment_loss, local_statistics
-from ..frozen import Frozen
+from ..algorithm_configs import FedCMEConfig
 from ..matching import counterparts, eval_subset, evaluation_vector, many_to_one_round, match_round
 from ..models import SplitModel
 from ..training import ClientHooks
 from .base import Algorithm, ClientContext, Matching, ServerState, Upload
-
-
-class FedCMEConfig(Frozen):
-    name: Literal["fedcme"] = "fedcme"
-    mu: float = Field(0.01, ge=0, description="feature-alignment weight; 0 disables alignment")
-    exchange: Literal["none", "classifier", "extractor", "model"] = "classifier"
-    matching: Literal["pairwise", "many_to_one"] = "pairwise"
-    eval_fraction: float = Field(0.2, gt=0, le=1)
-    align_reduction: Literal["mean", "sum"] = "mean"
 
 
 class AlignmentHooks(ClientHooks):

@@ -5,12 +5,9 @@ The proximal term runs over the trainable parameters; mu = 0 is FedAvg exactly.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 
-from ..frozen import Frozen
+from ..algorithm_configs import FedProxConfig
 from ..models import SplitModel
 from ..training import ClientHooks
 from .base import Algorithm, ClientContext
@@ -27,11 +24,6 @@ class ProximalHooks(ClientHooks):
             torch.sum((parameter - anchor) ** 2) for parameter, anchor in zip(self.parameters, self.anchors)
         )
         return 0.5 * self.mu * squared_distance
-
-
-class FedProxConfig(Frozen):
-    name: Literal["fedprox"] = "fedprox"
-    mu: float = Field(0.01, ge=0)
 
 
 class FedProx(Algorithm):

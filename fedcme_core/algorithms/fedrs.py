@@ -8,13 +8,10 @@ alpha = 1 is FedAvg exactly.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
-from pydantic import Field
 
-from ..frozen import Frozen
+from ..algorithm_configs import FedRSConfig
 from ..models import SplitModel
 from ..training import ClientHooks
 from .base import Algorithm, ClientContext
@@ -38,14 +35,6 @@ class RestrictedSoftmaxHooks(ClientHooks):
 
     def transform_logits(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return logits * self.scale.to(logits.device)  # [B, C]
-
-
-class FedRSConfig(Frozen):
-    name: Literal["fedrs"] = "fedrs"
-    alpha: float = Field(0.5, gt=0, le=1)
-    # presence: s_c = 1 if the client holds c else alpha (the paper);
-    # proportional: s_c = alpha + (1 - alpha) * n_c / max_j n_j (the authors' code).
-    scaling: Literal["presence", "proportional"] = "presence"
 
 
 class FedRS(Algorithm):

@@ -11,13 +11,12 @@ MOON keeps for each client between its rounds (``client_state``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from ..frozen import Frozen
+from ..algorithm_configs import MoonConfig
 from ..models import SplitModel
 from ..training import ClientHooks
 from .base import Algorithm, ClientContext, frozen_copy
@@ -39,12 +38,6 @@ class ContrastiveHooks(ClientHooks):
         contrast_logits = torch.stack([positive, negative], dim=1) / self.tau  # [B, 2]
         targets = torch.zeros(features.shape[0], dtype=torch.long, device=features.device)
         return self.mu * F.cross_entropy(contrast_logits, targets)
-
-
-class MoonConfig(Frozen):
-    name: Literal["moon"] = "moon"
-    mu: float = Field(1.0, ge=0)
-    tau: float = Field(0.5, gt=0)
 
 
 class Moon(Algorithm):

@@ -16,20 +16,16 @@ parameters, as float32 tensors on the CPU.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from ..frozen import Frozen
+from ..algorithm_configs import ScaffoldConfig
 from ..models import SplitModel
 from ..training import ClientHooks
 from .base import Algorithm, ClientContext, ServerState, Upload
 
 ControlVariate = dict[str, torch.Tensor]  # parameter name -> tensor of the parameter's shape
-
-
-class ScaffoldConfig(Frozen):
-    name: Literal["scaffold"] = "scaffold"
 
 
 class ControlVariateHooks(ClientHooks):
