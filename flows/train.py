@@ -18,9 +18,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
