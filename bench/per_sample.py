@@ -6,6 +6,9 @@ batch 64, cross-entropy, on random tensors of the dataset's shape, one torch thr
 
 * plain:          one model, `steps` optimizer steps;
 * channels_last:  the model and its (pre-converted) inputs in torch.channels_last;
+* channels_last_bf16: the same under bf16 autocast of the forward pass and the loss (weights and
+                  optimizer fp32, as ``training.precision: bf16``); ``native_bf16`` records whether
+                  the CPU computes bf16 natively (AVX512-BF16 or AMX) or oneDNN emulates it;
 * compile:        ``torch.compile(model)`` (backend `--compile-backend`, inductor by default;
                   quick mode: eager, i.e. Dynamo tracing without code generation). Its compile
                   time (first step of a fresh compiled model minus a plain step; also a second fresh instance's first step, i.e. whether each
@@ -18,7 +21,7 @@ batch 64, cross-entropy, on random tensors of the dataset's shape, one torch thr
 * clients_serial: the same C clients one after another (each `steps` steps, own optimizer).
 
 Numerical equality: the maximum absolute difference of the parameters after `steps` steps
-from the same initial weights and batches: channels_last and compile against plain,
+from the same initial weights and batches: channels_last, channels_last_bf16 and compile against plain,
 clients_vmap against clients_serial. Variants interleaved, medians of repeats. Quick mode: 2 steps,
 2 clients, 1 repeat, no untimed warm-up.
 
@@ -35,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
+from fedcme_core.compute import native_bf16
 from fedcme_core.config import TrainingConfig
 from fedcme_core.models import MODEL_INPUT_SHAPES, build_model
 
@@ -45,12 +49,13 @@ def optimizer_for(parameters) -> torch.optim.SGD:
     return torch.optim.SGD(parameters, lr=CONFIG.lr, momentum=CONFIG.momentum, weight_decay=CONFIG.weight_decay)
 
 
-def train_steps(model, inputs, labels, optimizer=None) -> torch.optim.SGD:
-    """One SGD step per batch: inputs [S, B, C_in, H, W], labels [S, B]."""
+def train_steps(model, inputs, labels, optimizer=None, bf16: bool = False) -> torch.optim.SGD:
+    """One SGD step per batch: inputs [S, B, C_in, H, W], labels [S, B]; `bf16`: autocast forward and loss."""
     optimizer = optimizer or optimizer_for(model.parameters())
     model.train()
     for batch_inputs, batch_labels in zip(inputs, labels):
-        loss = F.cross_entropy(model(batch_inputs), batch_labels)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(batch_inputs), batch_labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -116,6 +121,9 @@ def measure(model_name: str, steps: int, batch: int, clients: int, repeats: int,
     def channels_last():
         train_steps(fresh().to(memory_format=torch.channels_last), channels_last_inputs[0], labels[0])
 
+    def channels_last_bf16():
+        train_steps(fresh().to(memory_format=torch.channels_last), channels_last_inputs[0], labels[0], bf16=True)
+
     compiled_model = torch.compile(fresh(), backend=backend) if compile_error is None else None
 
     def compiled():
@@ -131,7 +139,8 @@ def measure(model_name: str, steps: int, batch: int, clients: int, repeats: int,
     def clients_vmap():
         StackedClients([fresh(client) for client in range(clients)]).train_steps(inputs, labels)
 
-    variants = {"plain": plain, "channels_last": channels_last, "clients_serial": clients_serial, "clients_vmap": clients_vmap}
+    variants = {"plain": plain, "channels_last": channels_last, "channels_last_bf16": channels_last_bf16,
+                "clients_serial": clients_serial, "clients_vmap": clients_vmap}
     if compiled_model is not None:
         variants["compile"] = compiled
     seconds = common.interleaved(variants, repeats, warmup)
@@ -145,6 +154,9 @@ def measure(model_name: str, steps: int, batch: int, clients: int, repeats: int,
     other = fresh().to(memory_format=torch.channels_last)
     train_steps(other, channels_last_inputs[0], labels[0])
     diffs = {"channels_last_vs_plain": max_abs_diff(parameters_of(other), reference_params)}
+    other = fresh().to(memory_format=torch.channels_last)
+    train_steps(other, channels_last_inputs[0], labels[0], bf16=True)
+    diffs["channels_last_bf16_vs_plain"] = max_abs_diff(parameters_of(other), reference_params)
     if compile_error is None:
         other = fresh()
         train_steps(torch.compile(other, backend=backend), inputs[0], labels[0])
@@ -167,6 +179,7 @@ def measure(model_name: str, steps: int, batch: int, clients: int, repeats: int,
         "repeats": repeats,
         "warmup": warmup,
         "threads": torch.get_num_threads(),
+        "native_bf16": native_bf16(torch.device("cpu")),
         "per_sample_us": common.rounded(per_sample_us, 2),
         "samples_per_second": {name: round(1e6 / value, 1) for name, value in per_sample_us.items()},
         "ratio_vs_plain": {name: common.ratio(per_sample_us["plain"], value) for name, value in per_sample_us.items()},

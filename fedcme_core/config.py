@@ -53,6 +53,9 @@ class DataConfig(Frozen):
     # CIFAR-10 transform (reflect-pad 4, random crop, random horizontal flip). None: the dataset's
     # default, crop_flip for cifar10 and none otherwise (SPEC.md, Data).
     augment: Literal["none", "crop_flip"] | None = None
+    # Input scaling: "channel" normalises with the dataset's channel mean/std (SPEC.md, Data); "none"
+    # keeps the images in [0, 1], as NIID-Bench feeds CIFAR-10 (its get_dataloader has no Normalize).
+    normalise: Literal["channel", "none"] = "channel"
     synthetic: SyntheticConfig = SyntheticConfig()
 
 

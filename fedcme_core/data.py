@@ -153,22 +153,24 @@ def load_dataset(
     data_dir: Path,
     mirror: Path | None = None,
     synthetic: SyntheticSpec | None = None,
+    normalise: bool = True,
 ) -> Dataset:
     """Load dataset `name` (one of DATASETS) as normalised in-memory tensors.
 
     `data_dir` receives decompressed files, downloads and verification stamps; `mirror`
     (see resolve_mirror) is only read. `synthetic` configures the "synthetic" dataset
-    (defaults: SyntheticSpec()).
+    (defaults: SyntheticSpec()). `normalise=False` keeps the images in [0, 1] (mean 0, std 1).
     """
     if name == "synthetic":
-        return make_synthetic(synthetic or SyntheticSpec())
+        return make_synthetic(synthetic or SyntheticSpec(), normalise=normalise)
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r}: expected one of {', '.join(DATASETS)}")
-    return from_raw(name, load_raw(name, data_dir=data_dir, mirror=mirror))
+    return from_raw(name, load_raw(name, data_dir=data_dir, mirror=mirror), normalise=normalise)
 
 
 RAW_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 STATISTICS = {"fmnist": (FMNIST_MEAN, FMNIST_STD), "cifar10": (CIFAR10_MEAN, CIFAR10_STD)}
+UNNORMALISED = {name: ((0.0,) * len(mean), (1.0,) * len(mean)) for name, (mean, _) in STATISTICS.items()}
 
 
 def load_raw(name: str, *, data_dir: Path, mirror: Path | None = None) -> dict[str, np.ndarray]:
@@ -187,9 +189,10 @@ def load_raw(name: str, *, data_dir: Path, mirror: Path | None = None) -> dict[s
     return _raw_fmnist(data_dir, mirror) if name == "fmnist" else _raw_cifar10(data_dir, mirror)
 
 
-def from_raw(name: str, arrays: dict[str, np.ndarray]) -> Dataset:
-    """Normalise raw uint8 arrays with the dataset's channel statistics."""
-    mean, std = STATISTICS[name]
+def from_raw(name: str, arrays: dict[str, np.ndarray], normalise: bool = True) -> Dataset:
+    """Raw uint8 arrays as float32 images: normalised with the dataset's channel statistics, or with
+    `normalise=False` scaled to [0, 1] only (mean 0, std 1: NIID-Bench's CIFAR-10 inputs)."""
+    mean, std = STATISTICS[name] if normalise else UNNORMALISED[name]
     return Dataset(
         name=name,
         x_train=_normalise(torch.from_numpy(np.asarray(arrays["x_train"])), mean, std),
@@ -221,8 +224,8 @@ def save_prepared(name: str, arrays: dict[str, np.ndarray], directory: Path) -> 
     return meta
 
 
-def load_prepared(directory: Path, expected_name: str | None = None) -> Dataset:
-    """Load a folder written by :func:`save_prepared`, verifying every array's sha256."""
+def load_prepared(directory: Path, expected_name: str | None = None, normalise: bool = True) -> Dataset:
+    """Load a folder written by :func:`save_prepared`, verifying every array's sha256 (`normalise`: as :func:`from_raw`)."""
     directory = Path(directory)
     meta_path = directory / "meta.json"
     try:
@@ -244,11 +247,12 @@ def load_prepared(directory: Path, expected_name: str | None = None) -> Dataset:
         if digest != records[key]["sha256"]:
             raise DataError(f"{path}: sha256 {digest} does not match meta.json ({records[key]['sha256']}); re-run prepare")
         arrays[key] = np.load(io.BytesIO(payload), allow_pickle=False)
-    return from_raw(name, arrays)
+    return from_raw(name, arrays, normalise=normalise)
 
 
-def make_synthetic(spec: SyntheticSpec) -> Dataset:
-    """The synthetic dataset of `spec`: a pure function of the spec (seed included)."""
+def make_synthetic(spec: SyntheticSpec, normalise: bool = True) -> Dataset:
+    """The synthetic dataset of `spec`: a pure function of the spec (seed included); normalised with
+    its own training-set statistics unless `normalise=False`."""
     _validate_synthetic(spec)
     templates = _synthetic_templates(spec)
     x_train, y_train = _synthetic_split(spec, templates, spec.num_train, "synthetic-train")
@@ -257,8 +261,8 @@ def make_synthetic(spec: SyntheticSpec) -> Dataset:
     std = x_train.std(axis=(0, 2, 3), dtype=np.float64)
     if np.any(std == 0):
         raise DataError("synthetic dataset: a channel has zero variance; use noise > 0 or more samples")
-    mean_tuple = tuple(float(value) for value in mean)
-    std_tuple = tuple(float(value) for value in std)
+    mean_tuple = tuple(float(value) for value in mean) if normalise else (0.0,) * len(mean)
+    std_tuple = tuple(float(value) for value in std) if normalise else (1.0,) * len(std)
     return Dataset(
         name="synthetic",
         x_train=_normalise(torch.from_numpy(x_train), mean_tuple, std_tuple, scale=1.0),

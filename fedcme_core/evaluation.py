@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Batch size of every no-grad pass over a dataset (test set, local features, evaluation vectors).
-# fmnist_cnn on 1 CPU thread: 3178 samples/s at 128 against 1946 at 1024 (its activations stop
-# fitting the caches), cifar_cnn 10405 against 10619 (BENCHMARKS.md, "Evaluation").
+# Batch size of a no-grad pass over a dataset (test set, local features, evaluation vectors) for a
+# model that names none: each architecture of fedcme_core.models names its own largest batch that
+# pays (`inference_batch_size`, BENCHMARKS.md "Evaluation").
 INFERENCE_BATCH_SIZE = 128
 
 
@@ -54,6 +54,13 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
             module.training = was_training
 
 
+def inference_batch_size(model: nn.Module, batch_size: int | None = None) -> int:
+    """`batch_size` when given, else the model's own no-grad batch, else INFERENCE_BATCH_SIZE."""
+    if batch_size is not None:
+        return batch_size
+    return getattr(model, "inference_batch_size", None) or INFERENCE_BATCH_SIZE
+
+
 def _check_inputs(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
     if len(x) == 0:
         raise ValueError("cannot evaluate on an empty set")
@@ -68,14 +75,16 @@ def evaluate(
     x: torch.Tensor,
     y: torch.Tensor,
     num_classes: int,
-    batch_size: int = INFERENCE_BATCH_SIZE,
+    batch_size: int | None = None,
     device: torch.device | str | None = None,
 ) -> EvalResult:
     """Accuracy, mean cross-entropy and per-class accuracy of `model` on (x, y).
 
-    Batches are index slices of the in-memory tensors, moved to `device` (default: the
-    model's device). The model is evaluated in eval mode and its previous modes restored.
+    Batches (default: the model's inference batch) are index slices of the in-memory tensors,
+    moved to `device` (default: the model's device). The model is evaluated in eval mode and its
+    previous modes restored.
     """
+    batch_size = inference_batch_size(model, batch_size)
     _check_inputs(x, y, batch_size)
     target_device = torch.device(device) if device is not None else model_device(model)
     num_samples = len(x)

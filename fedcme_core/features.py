@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedcme_core.evaluation import INFERENCE_BATCH_SIZE, eval_mode, model_device
+from fedcme_core.evaluation import eval_mode, inference_batch_size, model_device
 
 
 @dataclass(frozen=True)
@@ -34,14 +34,16 @@ def local_statistics(
     y: torch.Tensor,
     num_classes: int,
     eval_positions: np.ndarray | None = None,
-    batch_size: int = INFERENCE_BATCH_SIZE,
+    batch_size: int | None = None,
 ) -> LocalStatistics:
     """SPEC step 7 in one eval-mode pass: class means of `model.features(x)` and, for the
     positions `eval_positions` of x (D_eval_k), the per-class accuracy of `model.classify` on them.
 
     The features of the pass feed both, so the evaluation vector costs one linear layer on
-    |D_eval_k| rows instead of a second pass through the backbone.
+    |D_eval_k| rows instead of a second pass through the backbone. Batches: `batch_size`, else the
+    model's inference batch.
     """
+    batch_size = inference_batch_size(model, batch_size)
     if len(x) == 0:
         raise ValueError("cannot compute local features of an empty set")
     if len(x) != len(y):
@@ -87,7 +89,7 @@ def local_features(
     x: torch.Tensor,
     y: torch.Tensor,
     num_classes: int,
-    batch_size: int = INFERENCE_BATCH_SIZE,
+    batch_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SPEC step 7: class means of `model.features(x)` (eval mode) and class counts.
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedcme_core.evaluation import INFERENCE_BATCH_SIZE, evaluate
+from fedcme_core.evaluation import evaluate
 from fedcme_core.seeding import numpy_rng
 
 Pair = tuple[int, int]
@@ -172,7 +172,7 @@ def evaluation_vector(
     x: torch.Tensor,
     y: torch.Tensor,
     num_classes: int,
-    batch_size: int = INFERENCE_BATCH_SIZE,
+    batch_size: int | None = None,
 ) -> np.ndarray:
     """SPEC step 7 (Eq. 4): per-class accuracy [C] float64 of the model; 0 for absent classes."""
     result = evaluate(model, x, y, num_classes, batch_size=batch_size)

@@ -20,18 +20,21 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .architectures import MODEL_INPUT_SHAPES, MODEL_NAMES  # noqa: F401 - the names models are built by
+from .architectures import MODEL_INFERENCE_BATCH, MODEL_INPUT_SHAPES, MODEL_NAMES  # noqa: F401 - the names models are built by
 
 CLASSIFIER_PREFIX = "classifier."
 DeviceSetting = Literal["auto", "cpu", "cuda"]
 
 
 class SplitModel(nn.Module):
-    """A backbone, an optional projection head (MOON) and a linear classifier."""
+    """A backbone, an optional projection head (MOON) and a linear classifier; `inference_batch_size`
+    is the batch of its no-grad passes (:data:`fedcme_core.architectures.MODEL_INFERENCE_BATCH`)."""
 
-    def __init__(self, backbone: nn.Module, backbone_dim: int, num_classes: int, projection_dim: int | None = None):
+    def __init__(self, backbone: nn.Module, backbone_dim: int, num_classes: int, projection_dim: int | None = None,
+                 inference_batch_size: int | None = None):
         super().__init__()
         self.backbone = backbone
+        self.inference_batch_size = inference_batch_size
         if projection_dim is None:
             self.projection = None
             self.feature_dim = backbone_dim
@@ -94,7 +97,7 @@ def build_model(name: str, num_classes: int = 10, projection_dim: int | None = N
         if seed is not None:
             torch.manual_seed(seed)
         backbone, backbone_dim = _BACKBONES[name]()
-        return SplitModel(backbone, backbone_dim, num_classes, projection_dim)
+        return SplitModel(backbone, backbone_dim, num_classes, projection_dim, MODEL_INFERENCE_BATCH[name])
 
 
 def is_classifier_key(key: str) -> bool:

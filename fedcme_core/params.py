@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .config import (
     AlgorithmConfig,
@@ -33,6 +33,12 @@ from .config import (
 
 GRID_DATASETS = ("fmnist", "cifar10")
 Dataset = Literal["fmnist", "cifar10"]
+DATASET_LABELS = {"fmnist": "FMNIST", "cifar10": "CIFAR-10", "synthetic": "Synthetic"}
+
+
+def setting_label(dataset: str, alpha: float, clients: int, per_round: int) -> str:
+    """"CIFAR-10 α=0.5 K=10 M=10": a grid setting as the report names it."""
+    return f"{DATASET_LABELS.get(dataset, dataset)} α={alpha} K={clients} M={per_round}"
 
 
 class _Section(BaseModel):
@@ -91,9 +97,41 @@ class AblationSection(GridSection):
     methods: list[str] = Field(default_factory=list)
 
 
+PUBLISHED_MEASURES = ("final_accuracy", "accuracy_at_2T5", "best_accuracy")  # columns of docs/results/<grid>.csv
+
+
+class PublishedFigure(_Section):
+    """`report.published[i]`: a figure someone published for one method in one setting of this grid,
+    which the report sets beside ours (for example NIID-Bench's FedAvg 68.2%)."""
+
+    method: str = Field(description="a key of `methods`")
+    dataset: Dataset
+    alpha: float = Field(gt=0)
+    clients: tuple[int, int] = Field(description="(K, M)")
+    measure: Literal[PUBLISHED_MEASURES] = "final_accuracy"  # type: ignore[valid-type]
+    accuracy: float = Field(le=100, description="in percent")
+    source: str = Field(min_length=1, description="where it was published, and how it was measured")
+
+    @field_validator("accuracy")
+    @classmethod
+    def _in_percent(cls, value: float) -> float:
+        if value <= 1:
+            raise ValueError(f"{value} looks like a fraction: give the published figure in percent (68.2, not 0.682)")
+        return value
+
+    @property
+    def setting(self) -> tuple[str, float, int, int]:
+        return self.dataset, self.alpha, *self.clients
+
+    @property
+    def setting_label(self) -> str:
+        return setting_label(*self.setting)
+
+
 class ReportSection(_Section):
     name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9-]*$", description="the grid's name (docs/results/<name>.csv)")
     target_accuracy: float | None = Field(None, gt=0, le=1)
+    published: list[PublishedFigure] = []
 
 
 class ParamsFile(_Section):
@@ -120,6 +158,13 @@ class ParamsFile(_Section):
             outside = sorted(self.ablation.settings() - self.grid.settings())
             if outside:
                 raise ValueError(f"ablation: settings {outside} are not in grid (their partitions come from grid)")
+        trained = {(method, *setting[:4]) for grid in (self.grid, self.ablation) if grid is not None
+                   for method, *setting in grid.cells()}
+        for index, figure in enumerate(self.report.published):
+            if (figure.method, *figure.setting) not in trained:
+                raise ValueError(f"report.published.{index}: no grid or ablation run of {figure.method} in "
+                                 f"{figure.dataset} alpha={figure.alpha} K={figure.clients[0]} M={figure.clients[1]} "
+                                 "to set beside it")
         dotted = [name for name in self.methods if "." in name]
         if dotted:
             raise ValueError(f"methods: names must not contain dots (DVC params paths), got {', '.join(dotted)}")

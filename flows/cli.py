@@ -113,7 +113,7 @@ def serve(arguments: argparse.Namespace) -> int:
 def sync(arguments: argparse.Namespace) -> int:
     from fedcme_core.rounds import experiment_run_dir
 
-    from .train import sync_run
+    from .sync import sync_run
 
     summary = sync_run(experiment_run_dir(arguments.runs_dir, arguments.experiment), arguments.tracking_uri)
     print(json.dumps(summary))

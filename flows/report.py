@@ -3,15 +3,13 @@
 It reproduces the forms in which FedCME's paper (Nie et al., arXiv:2307.08574) reports its
 results, each cell the mean ± std over the grid's seeds: Table II (final test accuracy, methods x
 settings), Table III (test accuracy at T/5 ... T and rounds to a target, for one setting), the
-ablation comparison (its Table IV), the paired differences against FedAvg (:mod:`flows.seed_stats`)
-and the settings where FedCME does not win. Each experiment contributes ``metrics/<exp>.json``
-(its results, :func:`fedcme_core.metrics.summarize`), ``metrics/about/<exp>.json`` (its identity:
-method label, setting, group, seed and the grid cell; a file written before 2026-12-01 holds both
-in one), ``metrics/<exp>.csv`` (per round) and ``metrics/matching/<exp>.json`` (the matching,
-:func:`fedcme_core.matching.matching_similarity`).
+ablation comparison (its Table IV), the paired differences against FedAvg (:mod:`flows.seed_stats`),
+the settings where FedCME does not win, and the figures others published for these settings beside
+ours (:mod:`flows.report_published`). It reads a metrics folder (:mod:`flows.report_inputs`).
 
     python -m flows.report --metrics metrics --markdown reports/results.md --png reports/accuracy.png \\
-        --csv reports/results.csv --grid default --summary reports/summary.json --curves reports/curves
+        --csv reports/results.csv --grid default --summary reports/summary.json --curves reports/curves \\
+        --params params.yaml
 """
 
 from __future__ import annotations
@@ -24,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from fedcme_core.checkpoints import atomic_write_bytes
-from fedcme_core.metrics import verify_content_hash
+from fedcme_core.params import load_params
 
 from .report_dvc import curve_tables, summary_metrics
-from .report_figures import curves_png, empty_png, matching_png, matching_rounds
+from .report_figures import curves_png, empty_png, matching_png
+from .report_inputs import load_matching, load_metrics, matching_runs
+from .report_published import Published, published_figures, published_table
 from .report_tables import (
-    FEDCME_PREFIX,
     ablation_entries,
     accuracy_table,
     fraction_column_name,
@@ -40,79 +39,7 @@ from .report_tables import (
 )
 from .seed_stats import REFERENCE_METHOD, summary_csv
 
-IDENTIFYING_KEYS = ("experiment", "method", "setting", "group", "seed")
-SUMMARY_KEYS = ("rounds", "final_accuracy", "best_accuracy", "accuracy_at", "rounds_to_target")
-REQUIRED_KEYS = IDENTIFYING_KEYS + SUMMARY_KEYS
-GROUPS = ("main", "ablation")
 DEFAULT_FINAL_WINDOW = 5
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    try:
-        entry = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(entry, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(entry).__name__}")
-    return entry
-
-
-def load_metrics(directory: Path) -> list[dict[str, Any]]:
-    """Every experiment of `directory`: each ``*.json`` results file joined with its ``about/`` file,
-    sorted by file name.
-
-    Raises ValueError naming the file when it is not valid JSON, not an object, does not match
-    its ``content_sha256``, lacks a required key (named too) or has a group other than "main" /
-    "ablation".
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise ValueError(f"{directory}: metrics folder not found")
-    entries = []
-    for path in sorted(directory.glob("*.json")):
-        entry = read_json_object(path)
-        about = directory / "about" / path.name
-        if about.is_file():
-            entry = {**entry, **read_json_object(about)}
-        verify_content_hash(entry, str(path))
-        for key in REQUIRED_KEYS:
-            if key not in entry:
-                missing = "" if about.is_file() else f" (and {about} is missing)"
-                raise ValueError(f"{path}: lacks the required key {key!r}{missing}")
-        if entry["group"] not in GROUPS:
-            raise ValueError(f"{path}: key 'group' must be one of {GROUPS}, got {entry['group']!r}")
-        entries.append(entry)
-    return entries
-
-
-def load_matching(directory: Path) -> list[dict[str, Any]]:
-    """The matching records of ``<metrics>/matching/*.json`` (none when the folder is absent)."""
-    folder = Path(directory) / "matching"
-    records = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        record = read_json_object(path)
-        for key in ("experiment", "method", "setting", "seed", "class_counts", "rounds"):
-            if key not in record:
-                raise ValueError(f"{path}: lacks the required key {key!r}")
-        records.append(record)
-    return records
-
-
-def matching_runs(records: Sequence[Mapping[str, Any]], entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The matching records of the one (method, setting) the picture shows, over its seeds.
-
-    The first main-group FedCME method (in the order of the entries) of the first setting whose
-    runs have scored pairs; seeds in ascending order. Empty when no run matched anything.
-    """
-    main = {(entry["method"], entry["setting"]) for entry in entries if entry["group"] == "main"}
-    candidates = [record for record in records
-                  if (record["method"], record["setting"]) in main and record["method"].startswith(FEDCME_PREFIX)
-                  and matching_rounds(record) is not None]
-    if not candidates:
-        return []
-    order = unique_in_order([(entry["method"], entry["setting"]) for entry in entries])
-    chosen = min({(r["method"], r["setting"]) for r in candidates}, key=order.index)
-    return sorted((r for r in candidates if (r["method"], r["setting"]) == chosen), key=lambda r: int(r["seed"]))
 
 
 def final_window_description(entries: Sequence[Mapping[str, Any]]) -> str:
@@ -148,9 +75,11 @@ def report_markdown(
     title: str,
     links: Mapping[str, str],
     note: str | None = None,
+    published: Sequence[Published] = (),
 ) -> str:
     """The report's Markdown text; `links` holds the figures' relative paths (accuracy, ablation, matching),
-    `note` an opening paragraph (where the runs come from)."""
+    `note` an opening paragraph (where the runs come from), `published` the figures others published
+    for these settings ((label, figure) of the grid file's ``report.published``), set beside ours."""
     main_entries = [entry for entry in entries if entry["group"] == "main"]
     fractions = unique_in_order([key for entry in main_entries for key in entry["accuracy_at"]])
     fraction_text = ", ".join(fraction_column_name(key) for key in fractions) or "fractions of T"
@@ -169,6 +98,10 @@ def report_markdown(
         ),
         "## Final test accuracy (Table II form)\n",
         accuracy_table(main_entries, "final_accuracy"),
+    ]
+    if published:
+        parts += ["## Beside the published figures\n", published_table(entries, published)]
+    parts += [
         "## Test accuracy per round\n",
         f"![accuracy]({links['accuracy']})\n",
     ]
@@ -219,6 +152,7 @@ def write_report(
     note: str | None = None,
     output_summary: Path | None = None,
     output_curves: Path | None = None,
+    published: Sequence[Published] = (),
 ) -> None:
     """Write the Markdown report, its figures and (with `output_csv`) the grid's summary CSV, each atomically;
     with `output_summary` and `output_curves`, what DVC shows (:mod:`flows.report_dvc`): the summary
@@ -226,7 +160,8 @@ def write_report(
 
     The accuracy figure goes to `output_png`, the ablation and matching figures beside it as
     ``<stem>-ablation.png`` and ``<stem>-matching.png`` (a panel saying so when there is nothing
-    to draw; the report links only drawn ones). Raises ValueError when the folder holds no metrics file.
+    to draw; the report links only drawn ones); `published` figures are set beside ours. Raises
+    ValueError when the folder holds no metrics file.
     """
     metrics_directory, output_markdown, output_png = Path(metrics_directory), Path(output_markdown), Path(output_png)
     entries = load_metrics(metrics_directory)
@@ -248,7 +183,8 @@ def write_report(
     # Every figure the pipeline declares is written; one with nothing to draw says so.
     writes.setdefault(figure_path(output_png, "ablation"), empty_png("no ablation runs in this grid"))
     writes.setdefault(figure_path(output_png, "matching"), empty_png("no FedCME run matched clients in this grid"))
-    writes[output_markdown] = report_markdown(entries, title=title, links=links, note=note).encode("utf-8")
+    writes[output_markdown] = report_markdown(entries, title=title, links=links, note=note,
+                                             published=published).encode("utf-8")
     if output_csv is not None:
         writes[Path(output_csv)] = summary_csv(entries, grid).encode("utf-8")
     if output_summary is not None:
@@ -277,13 +213,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--curves", type=Path, default=None, help="folder of per-setting tables for the DVC overlay plot")
     parser.add_argument("--title", default=None, help="the report's title (default: from --grid)")
     parser.add_argument("--note", default=None, help="an opening paragraph: where the runs come from")
+    parser.add_argument("--params", type=Path, default=None,
+                        help="the grid file whose report.published figures are set beside ours")
     arguments = parser.parse_args(argv)
     title = arguments.title or f"FedCME results: the {arguments.grid} grid"
     try:
+        published = published_figures(load_params(arguments.params)) if arguments.params else ()
         write_report(arguments.metrics, arguments.markdown, arguments.png, title=title,
                      output_csv=arguments.csv, grid=arguments.grid, note=arguments.note,
-                     output_summary=arguments.summary, output_curves=arguments.curves)
-    except ValueError as error:
+                     output_summary=arguments.summary, output_curves=arguments.curves, published=published)
+    except ValueError as error:  # a ConfigError too
         parser.exit(2, f"error: {error}\n")
     print(f"wrote {arguments.markdown} and {arguments.png}" + (f" and {arguments.csv}" if arguments.csv else ""))
     return 0

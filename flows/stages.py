@@ -35,11 +35,10 @@ from fedcme_core.rounds import (
 )
 from fedcme_core.matching import matching_similarity
 from fedcme_core.metrics import history_csv, split_summary, summarize, with_content_hash
-from fedcme_core.params import ParamsFile, load_params
+from fedcme_core.params import ParamsFile, load_params, setting_label
 from fedcme_core.partition import class_counts, save_partition
 
 PARAMS = "params.yaml"
-DATASET_LABELS = {"fmnist": "FMNIST", "cifar10": "CIFAR-10", "synthetic": "Synthetic"}
 
 
 def prepared_dir(dataset: str) -> Path:
@@ -57,10 +56,6 @@ def setting_name(dataset: str, alpha: float, clients: int, per_round: int) -> st
 
 def experiment_name(method: str, dataset: str, alpha: float, clients: int, per_round: int, seed: int) -> str:
     return f"{setting_name(dataset, alpha, clients, per_round)}-{method}-s{seed}"
-
-
-def setting_label(dataset: str, alpha: float, clients: int, per_round: int) -> str:
-    return f"{DATASET_LABELS.get(dataset, dataset)} α={alpha} K={clients} M={per_round}"
 
 
 def write_json(path: Path, value: Any) -> None:

@@ -8,8 +8,8 @@ floor(E/2) and writes swap checkpoints) -> exchange (barrier) -> phase 2 -> aggr
 evaluate -> commit. The clients of a phase run on the configured task runner: ``sequential``,
 ``threads`` (default) or ``dask`` (prefect-dask's DaskTaskRunner on a LocalCluster bound to
 127.0.0.1, or an existing scheduler). Re-running an experiment resumes after its last
-committed round and logs into the same MLflow run; :func:`sync_run` (``fedcme sync``) logs a
-run directory's rounds and model into MLflow after the fact (when tracking failed mid-run).
+committed round and logs into the same MLflow run; :func:`flows.sync.sync_run` (``fedcme sync``)
+logs a run directory's rounds and model into MLflow after the fact (when tracking failed mid-run).
 """
 
 from __future__ import annotations
@@ -29,22 +29,19 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from fedcme_core.config import ExperimentConfig, RunnerConfig, config_from_dict, load_config
+from fedcme_core.config import ExperimentConfig, RunnerConfig, load_config
 from fedcme_core.rounds import (
-    RunError,
     RunPaths,
     completed_rounds,
     experiment_run_dir,
     final_model,
     load_experiment_dataset,
-    load_server_state,
     run_compute_choice,
     run_experiment,
 )
 from fedcme_core.partition import load_partition
 from fedcme_core.records import round_line
 
-from .errors import TrackingError
 from .tasks import PrefectExecutor, worker_layout
 from .tracking import RunTracker, check_reachable, git_commit, resolve_tracking_uri, warm_up
 
@@ -298,34 +295,3 @@ def wait_for_task_run_records(flow_run_id: str, expected: int, timeout: float = 
         time.sleep(0.5)
         recorded = recorded_task_runs(flow_run_id)
     return recorded
-
-
-def sync_run(
-    run_dir: str | Path, tracking_uri: str | None = None, mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT
-) -> dict[str, Any]:
-    """Log a run directory's committed rounds and final model into MLflow (those it lacks)."""
-    paths = RunPaths(run_dir)
-    if not paths.config.is_file():
-        raise RunError(f"{paths.root}: not a run directory (no config.json)")
-    rounds = completed_rounds(paths.root)
-    if rounds == 0:
-        raise RunError(f"{paths.root}: no completed round to log")
-    values = json.loads(paths.config.read_text(encoding="utf-8"))
-    values["federation"]["rounds"] = rounds
-    config = config_from_dict(values, source=str(paths.config))
-    uri = resolve_tracking_uri(tracking_uri)
-    history = load_server_state(paths.root, rounds)["history"]
-    tracker = RunTracker.open(
-        uri, mlflow_experiment, paths.root.name, paths.root, params=config.flat(),
-        tags=run_tags(config),
-    )
-    logged = tracker.sync(history)
-    model_uri = tracker.logged_model_uri()
-    if model_uri is None and tracker.failure is None:
-        dataset = load_experiment_dataset(config.data, config.seed)
-        model_uri = tracker.log_model(final_model(config, paths.root), dataset.x_test[:2].numpy(), rounds)
-    tracker.finish("FINISHED")
-    if tracker.failure is not None:
-        raise TrackingError(f"MLflow tracking store {uri}: {tracker.failure}")
-    return {"run_dir": str(paths.root), "rounds": rounds, "rounds_logged": logged, "mlflow_run_id": tracker.run_id,
-            "model_uri": model_uri, "tracking_uri": uri}

@@ -17,7 +17,8 @@ import sys
 
 from .conftest import REPO_ROOT
 
-EXPECTED = {"local_training", "parallel", "overhead", "memory", "evaluation", "startup", "per_sample", "round", "augment"}
+EXPECTED = {"local_training", "parallel", "overhead", "memory", "evaluation", "evaluation_layouts", "startup",
+            "per_sample", "round", "augment"}
 
 # Per benchmark, the figures that must be positive numbers (dotted paths; a mapping: all its values).
 POSITIVE = {
@@ -27,6 +28,10 @@ POSITIVE = {
                  "ratio_flow_vs_threadpool_loop", "ratio_flow_vs_serial_loop"],
     "memory": ["peak_rss_mib", "peak_pss_mib", "ratio_2w_vs_1w", "ratio_many_vs_few_clients"],
     "evaluation": ["samples_per_second", "ratio_evaluate_vs_bare"],
+    "evaluation_layouts": [f"figures.{model}.{layout}.{figure}" for model in ("fmnist_cnn", "cifar_cnn")
+                           for layout in ("nchw", "channels_last, NCHW images", "channels_last, laid-out images")
+                           for figure in ("samples_per_second", "largest_batch_that_pays")]
+                          + [f"round_calls.{model}.seconds" for model in ("fmnist_cnn", "cifar_cnn")],
     "startup": ["seconds.server_running"],  # one launch against the given server (quick mode)
     "per_sample": ["per_sample_us", "samples_per_second", "ratio_clients_vmap_vs_serial"],
     "augment": ["per_sample_us", "share_of_augmented_step"],

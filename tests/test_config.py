@@ -105,6 +105,7 @@ BAD_CONFIGS = [
     ("training:\n  local_epochs: 0\n", "training.local_epochs"),
     ("training:\n  local_epochs: 1\nalgorithm:\n  name: fedcme\n", "training.local_epochs: FedCME with exchange 'classifier' needs at least 2"),
     ("data:\n  dataset: mnist\n", "data.dataset"),
+    ("data:\n  normalise: imagenet\n", "data.normalise: Input should be 'channel' or 'none'"),
     ("model:\n  name: resnet18\n", "model.name"),
     ("algorithm:\n  name: fedopt\n", "algorithm.name: unknown algorithm 'fedopt'"),
     ("algorithm:\n  name: fedprox\n  tau: 0.5\n", "algorithm.tau: unknown key"),

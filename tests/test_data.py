@@ -223,6 +223,36 @@ def test_missing_env_mirror_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyP
         resolve_mirror(None)
 
 
+# --- input scaling -----------------------------------------------------------------------
+
+
+def test_unnormalised_images_are_the_raw_bytes_over_255_and_normalised_ones_use_the_channel_statistics() -> None:
+    raw = torch.tensor([[[[0, 51]], [[102, 255]], [[255, 0]]]], dtype=torch.uint8).numpy()  # [1, 3, 1, 2]
+    arrays = {"x_train": raw, "y_train": torch.tensor([3]).numpy(), "x_test": raw, "y_test": torch.tensor([5]).numpy()}
+
+    plain = data_module.from_raw("cifar10", arrays, normalise=False)
+    normalised = data_module.from_raw("cifar10", arrays)
+
+    expected = torch.tensor([[[[0.0, 0.2]], [[0.4, 1.0]], [[1.0, 0.0]]]])
+    assert torch.equal(plain.x_train, torch.from_numpy(raw).float() / 255) and torch.allclose(plain.x_train, expected)
+    assert plain.mean == (0.0, 0.0, 0.0) and plain.std == (1.0, 1.0, 1.0)
+    mean = torch.tensor(data_module.CIFAR10_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(data_module.CIFAR10_STD).view(1, 3, 1, 1)
+    assert torch.allclose(normalised.x_test, (expected - mean) / std, atol=1e-6)
+    assert normalised.mean == data_module.CIFAR10_MEAN
+
+
+def test_unnormalised_synthetic_data_keeps_its_values(tmp_path: Path) -> None:
+    spec = SyntheticSpec(num_train=200, num_test=50, shape=(1, 28, 28), num_classes=10, seed=1)
+
+    plain = load_dataset("synthetic", data_dir=tmp_path, synthetic=spec, normalise=False)
+    normalised = load_dataset("synthetic", data_dir=tmp_path, synthetic=spec)
+
+    mean, std = plain.x_train.mean(), plain.x_train.std()
+    assert not torch.allclose(mean, torch.zeros(())) or not torch.allclose(std, torch.ones(()))
+    assert torch.allclose((plain.x_train - mean) / std, normalised.x_train, atol=1e-3)
+
+
 # --- synthetic data ----------------------------------------------------------------------
 
 

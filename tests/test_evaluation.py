@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedcme_core.evaluation import EvalResult, eval_mode, evaluate
+from fedcme_core.architectures import MODEL_INFERENCE_BATCH
+from fedcme_core.evaluation import INFERENCE_BATCH_SIZE, EvalResult, eval_mode, evaluate
+from fedcme_core.features import local_statistics
+from fedcme_core.models import build_model
 
 from .helpers import IdentityModel
 
@@ -47,6 +50,41 @@ def test_evaluate_hand_set_model(batch_size: int) -> None:
     np.testing.assert_array_equal(result.per_class_count, [1, 3, 0])
     assert result.per_class_accuracy.dtype == np.float64
     assert result.per_class_count.dtype == np.int64
+
+
+def batch_sizes_seen(model: torch.nn.Module) -> list[int]:
+    """The batch of every call of model.features, recorded by a forward pre-hook on its first layer."""
+    seen: list[int] = []
+    first = model.extractor if hasattr(model, "extractor") else model.backbone[0]
+    first.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].shape[0]))
+    return seen
+
+
+def test_every_no_grad_pass_runs_at_the_models_own_batch_unless_told() -> None:
+    model = IdentityModel(3)
+    seen = batch_sizes_seen(model)
+    x, y = torch.randn(7, 3), torch.tensor([0, 1, 2, 0, 1, 2, 0])
+
+    evaluate(model, x, y, num_classes=3)  # a model that names no batch: the core's default
+    model.inference_batch_size = 3
+    evaluate(model, x, y, num_classes=3)
+    local_statistics(model, x, y, num_classes=3, eval_positions=np.array([0, 1]))
+    evaluate(model, x, y, num_classes=3, batch_size=5)
+
+    assert seen == [7] + [3, 3, 1] * 2 + [5, 2]
+    assert INFERENCE_BATCH_SIZE >= 7
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_INFERENCE_BATCH))
+def test_each_architecture_names_its_inference_batch(name: str) -> None:
+    model = build_model(name, 10, projection_dim=None, seed=0)
+    seen = batch_sizes_seen(model)
+    shape = (3, 32, 32) if name == "cifar_cnn" else (1, 28, 28)
+    batch = MODEL_INFERENCE_BATCH[name]
+
+    evaluate(model, torch.zeros(batch + 1, *shape), torch.zeros(batch + 1, dtype=torch.long), num_classes=10)
+
+    assert model.inference_batch_size == batch and seen == [batch, 1]
 
 
 @pytest.mark.parametrize("was_training", [True, False])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 import torch
 
@@ -187,6 +190,32 @@ def test_a_run_directory_refuses_another_config(tmp_path, synthetic_config):
         run_experiment(synthetic_config({"federation.rounds": 1, "training.lr": 0.05}), tmp_path / "run")
 
 
+def test_a_run_recorded_before_an_option_existed_is_extended_and_recorded_anew(tmp_path, synthetic_config):
+    run_experiment(synthetic_config({"federation.rounds": 1}), tmp_path / "run")
+    path = RunPaths(tmp_path / "run").config
+    values = json.loads(path.read_text(encoding="utf-8"))
+    del values["data"]["normalise"]  # a config.json written before data.normalise was added
+    path.write_text(json.dumps(values), encoding="utf-8")
+
+    with pytest.raises(RunError, match="holds a run of a different config"):
+        run_experiment(synthetic_config({"federation.rounds": 2, "data.normalise": "none"}), tmp_path / "run")
+    history = run_experiment(synthetic_config({"federation.rounds": 2}), tmp_path / "run")
+
+    assert [record["round"] for record in history] == [0, 1]
+    assert json.loads(path.read_text(encoding="utf-8"))["data"]["normalise"] == "channel"
+
+
+def test_unnormalised_inputs_train_another_model(tmp_path, synthetic_config):
+    channel = synthetic_config({"federation.rounds": 1})
+    plain = synthetic_config({"federation.rounds": 1, "data.normalise": "none"})
+    run_experiment(channel, tmp_path / "channel")
+    run_experiment(plain, tmp_path / "plain")
+
+    dataset = load_experiment_dataset(plain.data, plain.seed)
+    assert dataset.mean == (0.0,) and dataset.std == (1.0,)
+    assert not same_state(final_model(channel, tmp_path / "channel"), final_model(plain, tmp_path / "plain"))
+
+
 CHANNELS_LAST_TOLERANCE = 1e-4  # absolute, per parameter, after 3 rounds (measured here: at most 6e-6)
 
 
@@ -241,6 +270,33 @@ def test_clients_share_one_read_of_the_server_state_until_it_changes(tmp_path, s
     assert shared_server_state(run_dir, 1) is first
     save_checkpoint({**first, "round": 99}, RunPaths(run_dir).server_state(1))
     assert shared_server_state(run_dir, 1)["round"] == 99
+
+
+def same_value(first, second) -> bool:
+    """Deep equality of server states: dicts, lists, tensors and numpy arrays, exactly."""
+    if isinstance(first, dict):
+        return isinstance(second, dict) and first.keys() == second.keys() and all(
+            same_value(first[key], second[key]) for key in first)
+    if isinstance(first, (list, tuple)):
+        return len(first) == len(second) and all(same_value(a, b) for a, b in zip(first, second))
+    if isinstance(first, torch.Tensor):
+        return isinstance(second, torch.Tensor) and first.dtype == second.dtype and torch.equal(first, second)
+    if isinstance(first, np.ndarray):
+        return np.array_equal(first, second)
+    return first == second
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "scaffold"}, {"name": "fedcme", "mu": 0.1}], ids=["scaffold", "fedcme"])
+def test_the_round_leaves_the_server_state_it_shares_as_it_was_read(tmp_path, synthetic_config, algorithm):
+    # match, every client, aggregate and commit of the last round all read the one shared dict.
+    run_dir = tmp_path / "run"
+    run_experiment(synthetic_config(algorithm=algorithm), run_dir)
+    last = completed_rounds(run_dir) - 1
+
+    shared = shared_server_state(run_dir, last)
+
+    assert shared["round"] == last and shared["history"] and shared["algorithm"]
+    assert same_value(shared, load_server_state(run_dir, last))
 
 
 class EvaluateOnOneThread(SerialExecutor):

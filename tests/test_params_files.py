@@ -95,6 +95,15 @@ def write_variant(tmp_path: Path, old: str, new: str) -> Path:
      "  alphas: [0.5]\n  clients:\n    - [10, 10]\n  seeds: [0]\n  methods: [fedcme-no-exchange]",
      "ablation: settings [('fmnist', 0.5, 10, 10, 0)] are not in grid"),
     ("\nreport:\n", "\nreport:\n  name: x\n", "key 'name' given twice"),
+    ("  published: []", "  published: [{method: fedavg, dataset: cifar10, alpha: 0.5, clients: [10, 10], accuracy: 68.2, "
+     "source: NIID-Bench}]", "report.published.0: no grid or ablation run of fedavg in cifar10 alpha=0.5 K=10 M=10"),
+    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, alpha: 1.0, clients: [10, 10], measure: final, "
+     "accuracy: 68.2, source: x}]", "report.published.0.measure: Input should be 'final_accuracy'"),
+    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, alpha: 1.0, clients: [10, 10], accuracy: 68.2, "
+     "source: x}, {method: fedavg, dataset: fmnist, alpha: 1.0, clients: [10, 10], accuracy: 682, source: x}]",
+     "report.published.1.accuracy: Input should be less than or equal to 100"),
+    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, alpha: 1.0, clients: [10, 10], accuracy: 0.682, "
+     "source: x}]", "report.published.0.accuracy: 0.682 looks like a fraction: give the published figure in percent"),
     ("    local_epochs: 2 ", "    local_epochs: 1 ", "base.training.local_epochs: FedCME with exchange 'classifier' needs at least 2 local epochs"),
 ])
 def test_a_bad_params_file_is_one_line_naming_file_and_key(tmp_path, old, new, message):

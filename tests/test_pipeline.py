@@ -207,6 +207,21 @@ def test_changing_one_method_reruns_only_its_train_stage_and_the_report(pipeline
     assert stages_run(output) == ["train@fedcme-mu001-fmnist-0.5-clients0-0", "report"]
 
 
+def test_a_published_figure_reruns_only_the_report_which_sets_it_beside_ours(pipeline):
+    workdir, environment, _ = pipeline
+    params = workdir / "params.yaml"
+    params.write_text(params.read_text().replace("  published: []", (
+        "  published: [{method: scaffold, dataset: fmnist, alpha: 0.5, clients: [100, 2], accuracy: 99.5, "
+        "source: a paper}]")))
+
+    output = run(["dvc", "repro"], workdir, environment)
+
+    assert stages_run(output) == ["report"]
+    report = (workdir / "reports" / "results.md").read_text(encoding="utf-8")
+    row = next(line for line in report.splitlines() if line.startswith("| SCAFFOLD | FMNIST α=0.5 K=100 M=2 |"))
+    assert "| 99.50 |" in row and "| no: below by more than" in row and row.endswith("| a paper |")
+
+
 def test_partition_output_is_byte_identical_across_runs(pipeline):
     workdir, environment, _ = pipeline
     before = {name: (workdir / PARTITION / name).read_bytes() for name in ("partition.npz", "class_counts.json")}

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
+from fedcme_core.config import ConfigError
 from fedcme_core.metrics import with_content_hash
-from flows.report import load_metrics
+from flows.report_inputs import load_metrics
 
 from .conftest import REPO_ROOT
 from .test_report import LOW, metrics_entry, write_metrics_folder
@@ -15,24 +18,58 @@ sys.path.insert(0, str(REPO_ROOT / "tools"))
 from publish_results import publish  # noqa: E402
 
 
-def test_publish_splits_one_piece_files_and_keeps_what_was_published(tmp_path, monkeypatch):
+def test_publish_splits_one_piece_files_keeps_what_was_published_and_leaves_other_grids_out(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    earlier = with_content_hash(metrics_entry("a-fedavg-s0", "FedAvg", LOW, 0.5))
+    earlier = with_content_hash(metrics_entry("fmnist-a1.0-k10m10-fedavg-s0", "FedAvg", LOW, 0.5))
     write_metrics_folder(tmp_path / "docs" / "results" / "g", [earlier])
     campaign = tmp_path / "campaign"
-    newer = with_content_hash(metrics_entry("a-fedavg-s1", "FedAvg", LOW, 0.6, seed=1))
-    write_metrics_folder(campaign, [newer])
+    newer = with_content_hash(metrics_entry("fmnist-a1.0-k10m10-fedavg-s1", "FedAvg", LOW, 0.6, seed=1))
+    other_grid = with_content_hash(metrics_entry("cifar10-a0.5-k10m10-fedavg-raw-s0", "FedAvg raw", LOW, 0.7))
+    write_metrics_folder(campaign, [newer, other_grid])
     (campaign / f"{newer['experiment']}.json").write_text(json.dumps(newer))  # written in one piece
     (campaign / "about" / f"{newer['experiment']}.json").unlink()
 
-    assert publish("g", campaign, note="from the campaign") == ["a-fedavg-s1"]
+    grid_file = tmp_path / "configs" / "params-g.yaml"
+    grid_file.parent.mkdir()
+    grid_file.write_text((REPO_ROOT / "params.yaml").read_text())
+
+    assert publish("g", campaign, note="from the campaign") == ["fmnist-a1.0-k10m10-fedavg-s1"]
 
     target = tmp_path / "docs" / "results" / "g"
-    results = json.loads((target / "a-fedavg-s1.json").read_text())
+    results = json.loads((target / "fmnist-a1.0-k10m10-fedavg-s1.json").read_text())
     assert "method" not in results and results["final_accuracy"] == 0.6
-    assert json.loads((target / "about" / "a-fedavg-s1.json").read_text())["content_sha256"] == newer["content_sha256"]
+    assert json.loads((target / "about" / "fmnist-a1.0-k10m10-fedavg-s1.json").read_text())["content_sha256"] == newer["content_sha256"]
     assert load_metrics(target) == [earlier, newer]
-    assert (target / "a-fedavg-s1.csv").read_text() == (campaign / "a-fedavg-s1.csv").read_text()
+    assert (target / "fmnist-a1.0-k10m10-fedavg-s1.csv").read_text() == (campaign / "fmnist-a1.0-k10m10-fedavg-s1.csv").read_text()
     report = (tmp_path / "docs" / "results-g.md").read_text()
     assert "from the campaign" in report and "| FedAvg |" in report and "(2)" in report
     assert len((tmp_path / "docs" / "results" / "g.csv").read_text().splitlines()) == 3
+    assert not list(target.rglob("*fedavg-raw*")) and "FedAvg raw" not in report  # another grid's experiment
+
+
+def test_publish_without_the_grid_file_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    campaign = write_metrics_folder(tmp_path / "campaign", [with_content_hash(metrics_entry("fmnist-a1.0-k10m10-fedavg-s0", "FedAvg", LOW, 0.5))])
+
+    with pytest.raises(ConfigError, match=r"^configs/params-g\.yaml: config file not found$"):
+        publish("g", campaign, note=None)
+
+    assert not (tmp_path / "docs").exists()
+
+
+def test_publish_opens_the_report_with_the_grids_committed_note_unless_given_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    campaign = write_metrics_folder(tmp_path / "campaign", [with_content_hash(metrics_entry("fmnist-a1.0-k10m10-fedavg-s0", "FedAvg", LOW, 0.5))])
+    (tmp_path / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+    note = tmp_path / "docs" / "results" / "default" / "NOTE.md"
+    note.parent.mkdir(parents=True)
+    note.write_text("Where the runs come from.\n\n## How the setting differs\n\n- no normalisation there\n")
+
+    publish("default", campaign, note=None)
+    committed = (tmp_path / "docs" / "results-default.md").read_text()
+    publish("default", campaign, note="given on the command line")
+    given = (tmp_path / "docs" / "results-default.md").read_text()
+
+    assert committed.startswith("# FedCME results: the default grid\n\nWhere the runs come from.\n\n## How the setting")
+    assert "- no normalisation there\n" in committed and "Where the runs come from" not in given
+    assert "given on the command line" in given

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from fedcme_core.metrics import history_csv, split_summary, with_content_hash
-from flows.report import load_matching, load_metrics, main, matching_runs, write_report
+from flows.report import main, write_report
+from flows.report_inputs import load_matching, load_metrics, matching_runs
 from flows.report_dvc import curve_tables, summary_metrics
 from flows.report_figures import seed_band
+from flows.report_published import published_table
 from flows.report_tables import (
     ablation_entries,
     accuracy_table,
@@ -22,6 +24,9 @@ from flows.report_tables import (
     where_fedcme_does_not_win,
 )
 from flows.seed_stats import CSV_COLUMNS, PairedDifference, SeedStats, summary_csv
+from fedcme_core.params import PublishedFigure
+
+from .conftest import REPO_ROOT
 
 LOW = "FMNIST a=0.1 K=50 M=20"
 HIGH = "FMNIST a=0.5 K=50 M=20"
@@ -291,6 +296,50 @@ def test_command_line_names_a_bad_folder_in_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'absent'}: metrics folder not found\n"
     assert not (tmp_path / "r.md").exists()
+
+
+def figure(method: str, alpha: float, accuracy: float, measure: str = "final_accuracy") -> tuple[str, PublishedFigure]:
+    """(label, figure): the label is the method's, as the grid file's methods section gives it."""
+    return method.upper(), PublishedFigure(method=method, dataset="fmnist", alpha=alpha, clients=(50, 20),
+                                           measure=measure, accuracy=accuracy, source=f"paper of {method}")
+
+
+def test_published_figures_sit_beside_ours_with_the_gap_and_the_bound():
+    table = published_table(grid_entries(), [
+        figure("fedavg", 0.1, 68.2),  # ours 55.00 ± 7.07 (2): bound max(14.14, 2.5)
+        figure("fedcme(0.01)", 0.5, 76.0),  # ours 72.50 (1): bound 2.5
+        figure("fedprox(0.01)", 0.1, 44.0, "accuracy_at_2T5"),  # ours at round 2/5: 45.00 ± 0.00 (2)
+        figure("fedprox(0.01)", 0.5, 70.0),  # FedProx did not run in HIGH
+    ])
+
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Method")]
+    assert table_row(table, "FEDAVG") == [LOW, "final (mean of the last rounds)", "55.00 ± 7.07 (2)", "68.20",
+                                          "-13.20", "yes", "paper of fedavg"]
+    assert table_row(table, "FEDCME(0.01)")[2:6] == ["72.50 (1)", "76.00", "-3.50", "no: below by more than 2.50"]
+    assert rows[2].split(" | ")[1:7] == [LOW, "at 2T/5", "45.00 ± 0.00 (2)", "44.00", "+1.00", "yes"]
+    assert rows[3].split(" | ")[:4] == ["| FEDPROX(0.01)", HIGH.replace("a=", "α="), "final (mean of the last rounds)", "–"]
+    assert "not run yet" in rows[3]
+
+
+def test_command_line_sets_the_grid_files_published_figures_beside_ours(tmp_path):
+    entry = metrics_entry("cifar10-a0.5-k10m10-fedavg-s0", "FedAvg", "CIFAR-10 α=0.5 K=10 M=10", 0.6612)
+    entry.update(dataset="cifar10", alpha=0.5, num_clients=10, clients_per_round=10)
+    metrics = write_metrics_folder(tmp_path / "metrics", [entry])
+    arguments = ["--metrics", str(metrics), "--markdown", str(tmp_path / "results.md"), "--png", str(tmp_path / "a.png"),
+                 "--params", str(REPO_ROOT / "configs" / "params-niid-bench.yaml")]
+
+    assert main(arguments) == 0
+
+    report = (tmp_path / "results.md").read_text(encoding="utf-8")
+    section = report.split("## Beside the published figures\n")[1].split("\n## ")[0]
+    assert table_row(section, "FedAvg")[2:6] == ["66.12 (1)", "68.20", "-2.08", "yes"]
+    assert "| SCAFFOLD | CIFAR-10 α=0.5 K=10 M=10 |" in section and "69.80 | – | not run yet" in section
+
+
+def test_a_report_without_published_figures_has_no_such_section(tmp_path):
+    write_report(write_metrics_folder(tmp_path / "m", grid_entries()), tmp_path / "r.md", tmp_path / "a.png")
+
+    assert "published" not in (tmp_path / "r.md").read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------- reading metrics

@@ -41,8 +41,10 @@ def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
     a client's rows are put in the run's layout when it trains (a copy of the whole dataset in
     another layout would raise the peak memory by that much: 1.19x for CIFAR-10, bench/round.py)."""
     synthetic = data_config.synthetic
+    normalise = data_config.normalise == "channel"
     if data_config.prepared_dir is not None:
-        dataset = data_module.load_prepared(Path(data_config.prepared_dir), expected_name=data_config.dataset)
+        dataset = data_module.load_prepared(Path(data_config.prepared_dir), expected_name=data_config.dataset,
+                                            normalise=normalise)
     else:
         dataset = data_module.load_dataset(
             data_config.dataset,
@@ -55,6 +57,7 @@ def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
                 noise=synthetic.noise,
                 seed=seed,
             ),
+            normalise=normalise,
         )
     return experiment_subset(dataset, data_config.train_subset, data_config.test_subset, seed)
 

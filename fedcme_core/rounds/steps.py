@@ -42,7 +42,7 @@ def select_step(config: ExperimentConfig, round_index: int) -> list[int]:
 
 def match_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, selected: list[int]) -> dict[str, Any]:
     """SPEC step 2 (Algorithm 1, line 8: MakeMatching): pairs and receiver -> donor."""
-    state = store.load_server_state(run_dir, round_index)
+    state = store.shared_server_state(run_dir, round_index)
     matching = build_algorithm(config.algorithm).match(selected, state["algorithm"], seed=config.seed,
                                                        round_index=round_index)
     return {
@@ -170,7 +170,7 @@ def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: i
     reason) names the clients that dropped out or failed, for the error when too few remain.
     """
     algorithm = build_algorithm(config.algorithm)
-    state = store.load_server_state(run_dir, round_index)
+    state = store.shared_server_state(run_dir, round_index)  # read-only: aggregate_state returns new state
     files, rejected = usable_uploads(config, run_dir, round_index, clients)
     require_enough_clients(round_index, len(files), config.federation.min_clients, {**(lost or {}), **rejected})
     uploads = [Upload(int(f["client"]), int(f["num_samples"]), f["model"], f["report"]) for f in files]

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..checkpoints import CheckpointError, atomic_write_bytes, load_checkpoint, save_checkpoint
 from ..compute import ComputeChoice
+from ..config import config_from_dict
 from ..partition import Partition, load_partition
 
 
@@ -104,19 +105,35 @@ def config_json(config) -> str:
     return json.dumps(values, indent=2, sort_keys=True) + "\n"
 
 
+def recorded_config_json(text: str, path: Path) -> str | None:
+    """A recorded config.json's text as this code writes it: a config recorded before an option was
+    added reads with that option's default (the results it defines are the same); None when it no
+    longer validates."""
+    try:
+        return config_json(config_from_dict(json.loads(text), source=str(path)))
+    except ValueError:  # not JSON, or a config this code refuses (ConfigError)
+        return None
+
+
 def run_directory_matches(config, run_dir: str | Path) -> bool:
     """True when `run_dir` is new or holds a run of this config (so it can be resumed or extended)."""
-    path = RunPaths(run_dir).config
-    return not path.exists() or path.read_text(encoding="utf-8") == config_json(config)
+    path, wanted = RunPaths(run_dir).config, config_json(config)
+    if not path.exists():
+        return True
+    text = path.read_text(encoding="utf-8")
+    return text == wanted or recorded_config_json(text, path) == wanted
 
 
 def write_config(config, run_dir: str | Path) -> None:
-    """Record the run's config; reopening with a different config is refused (the same experiment)."""
+    """Record the run's config; reopening with a different config is refused (the same experiment).
+    A config recorded before an option was added is rewritten in today's form."""
     paths, wanted = RunPaths(run_dir), config_json(config)
-    if not paths.config.exists():
-        atomic_write_bytes(paths.config, wanted.encode("utf-8"))
-    elif paths.config.read_text(encoding="utf-8") != wanted:
+    text = paths.config.read_text(encoding="utf-8") if paths.config.exists() else None
+    if text == wanted:
+        return
+    if text is not None and recorded_config_json(text, paths.config) != wanted:
         raise RunError(f"{paths.root}: holds a run of a different config; use a new experiment name or directory")
+    atomic_write_bytes(paths.config, wanted.encode("utf-8"))
 
 
 def write_compute_choice(run_dir: str | Path, choice: ComputeChoice) -> None:
@@ -235,7 +252,7 @@ def held_aggregate(run_dir: str | Path, round_index: int) -> dict[str, Any]:
 def commit_server_state(run_dir: str | Path, round_index: int, record: dict[str, Any], keep_round_files: bool) -> None:
     """Make round t visible: write the server state of round t+1 atomically, then drop what it supersedes."""
     paths = RunPaths(run_dir)
-    previous = load_server_state(run_dir, round_index)
+    previous = shared_server_state(run_dir, round_index)  # read once per process and round (its clients read it)
     pending = held_aggregate(run_dir, round_index)
     save_checkpoint({"round": round_index + 1, **pending, "history": [*previous["history"], record]},
                     paths.server_state(round_index + 1))

@@ -1,0 +1,46 @@
+"""``fedcme sync``: a run directory's committed rounds and final model logged into MLflow after the fact,
+when tracking failed mid-run (the run itself lost nothing: its rounds are committed on disk)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fedcme_core.config import config_from_dict
+from fedcme_core.rounds import RunError, RunPaths, completed_rounds, final_model, load_experiment_dataset, load_server_state
+
+from .errors import TrackingError
+from .tracking import RunTracker, resolve_tracking_uri
+from .train import DEFAULT_MLFLOW_EXPERIMENT, run_tags
+
+
+def sync_run(
+    run_dir: str | Path, tracking_uri: str | None = None, mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT
+) -> dict[str, Any]:
+    """Log a run directory's committed rounds and final model into MLflow (those it lacks)."""
+    paths = RunPaths(run_dir)
+    if not paths.config.is_file():
+        raise RunError(f"{paths.root}: not a run directory (no config.json)")
+    rounds = completed_rounds(paths.root)
+    if rounds == 0:
+        raise RunError(f"{paths.root}: no completed round to log")
+    values = json.loads(paths.config.read_text(encoding="utf-8"))
+    values["federation"]["rounds"] = rounds
+    config = config_from_dict(values, source=str(paths.config))
+    uri = resolve_tracking_uri(tracking_uri)
+    history = load_server_state(paths.root, rounds)["history"]
+    tracker = RunTracker.open(
+        uri, mlflow_experiment, paths.root.name, paths.root, params=config.flat(),
+        tags=run_tags(config),
+    )
+    logged = tracker.sync(history)
+    model_uri = tracker.logged_model_uri()
+    if model_uri is None and tracker.failure is None:
+        dataset = load_experiment_dataset(config.data, config.seed)
+        model_uri = tracker.log_model(final_model(config, paths.root), dataset.x_test[:2].numpy(), rounds)
+    tracker.finish("FINISHED")
+    if tracker.failure is not None:
+        raise TrackingError(f"MLflow tracking store {uri}: {tracker.failure}")
+    return {"run_dir": str(paths.root), "rounds": rounds, "rounds_logged": logged, "mlflow_run_id": tracker.run_id,
+            "model_uri": model_uri, "tracking_uri": uri}
