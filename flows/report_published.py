@@ -14,11 +14,10 @@ from typing import Any
 
 from fedcme_core.params import ParamsFile, PublishedFigure
 
-from .report_tables import MISSING_CELL, markdown_text, stats_cell
-from .seed_stats import SeedStats, cells_by_seed, seed_stats
+from .report_tables import MISSING_CELL, markdown_table, markdown_text, stats_cell
+from .seed_stats import ACCURACY_KEYS, SeedStats, cells_by_seed, seed_stats
 
 BOUND_POINTS = 2.5
-MEASURE_KEYS = {"final_accuracy": "final_accuracy", "accuracy_at_2T5": "accuracy_at/2/5", "best_accuracy": "best_accuracy"}
 MEASURE_NAMES = {"final_accuracy": "final (mean of the last rounds)", "accuracy_at_2T5": "at 2T/5",
                  "best_accuracy": "best round"}
 Published = tuple[str, PublishedFigure]  # (the method's label, the figure)
@@ -52,7 +51,7 @@ def published_row(entries: Sequence[Mapping[str, Any]], label: str, figure: Publ
     ours: SeedStats | None = None
     if runs:
         by_seed = next(iter(cells_by_seed(runs).values()))
-        ours = seed_stats(by_seed, MEASURE_KEYS[figure.measure])
+        ours = seed_stats(by_seed, ACCURACY_KEYS[figure.measure])
     if ours is None:
         gap_text, within = MISSING_CELL, "not run yet"
     else:
@@ -66,7 +65,8 @@ def published_table(entries: Sequence[Mapping[str, Any]], figures: Sequence[Publ
     """One row per published figure: ours (mean ± std (n)), theirs, the gap and whether it is within the bound."""
     header = ["Method", "Setting", "Measure", "Ours", "Published", "Ours − published (points)",
               f"within max(2 std, {BOUND_POINTS} points)", "Source"]
-    lines = ["| " + " | ".join(header) + " |", "|---|---|---|---:|---:|---:|---|---|"]
+    rows = []
     for label, figure in figures:
-        lines.append("| " + " | ".join(markdown_text(cell) for cell in published_row(entries, label, figure)) + " |")
-    return "\n".join(lines) + "\n"
+        cells = published_row(entries, label, figure)
+        rows.append((cells[0], [(markdown_text(text), None) for text in cells[1:]]))  # nothing bold: a figure a row
+    return markdown_table(header, rows, [False] * (len(header) - 1))

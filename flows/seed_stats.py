@@ -19,9 +19,12 @@ from typing import Any
 from scipy import stats
 
 REFERENCE_METHOD = "FedAvg"
+# The summary's accuracy columns (the measures a published figure may name) and the metrics key of each.
+ACCURACY_KEYS = {"final_accuracy": "final_accuracy", "best_accuracy": "best_accuracy",
+                 "accuracy_at_2T5": "accuracy_at/2/5"}
 CSV_COLUMNS = (
     "grid", "method", "label", "dataset", "alpha", "num_clients", "clients_per_round", "local_epochs", "rounds",
-    "seed", "final_accuracy", "best_accuracy", "accuracy_at_2T5",
+    "seed", *ACCURACY_KEYS,
 )
 
 
@@ -107,6 +110,11 @@ def paired_difference(a: SeedStats, b: SeedStats) -> PairedDifference | None:
     return PairedDifference({seed: a.by_seed[seed] - b.by_seed[seed] for seed in common})
 
 
+def fraction_text(value: float | None) -> str:
+    """A CSV cell: the fraction in full (repr), empty where the run has no such figure."""
+    return "" if value is None else repr(value)
+
+
 def summary_csv(entries: Sequence[Mapping[str, Any]], grid: str) -> str:
     """The grid's machine-readable summary: one row per experiment (CSV_COLUMNS), accuracies as fractions.
 
@@ -120,7 +128,6 @@ def summary_csv(entries: Sequence[Mapping[str, Any]], grid: str) -> str:
         writer.writerow([
             grid, entry["method_name"], entry["method"], entry["dataset"], entry["alpha"], entry["num_clients"],
             entry["clients_per_round"], entry["local_epochs"], entry["rounds"], entry["seed"],
-            repr(float(entry["final_accuracy"])), repr(float(entry["best_accuracy"])),
-            repr(float(entry["accuracy_at"]["2/5"])),
+            *(fraction_text(value_of(entry, key)) for key in ACCURACY_KEYS.values()),
         ])
     return buffer.getvalue()

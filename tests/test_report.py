@@ -23,8 +23,8 @@ from flows.report_tables import (
     speed_table,
     where_fedcme_does_not_win,
 )
-from flows.seed_stats import CSV_COLUMNS, PairedDifference, SeedStats, summary_csv
-from fedcme_core.params import PublishedFigure
+from flows.seed_stats import ACCURACY_KEYS, CSV_COLUMNS, PairedDifference, SeedStats, summary_csv
+from fedcme_core.params import PUBLISHED_MEASURES, PublishedFigure
 
 from .conftest import REPO_ROOT
 
@@ -446,3 +446,7 @@ def test_a_grid_without_fedcme_claims_no_win_and_a_lone_reference_has_nothing_to
     assert where_fedcme_does_not_win(entries) == (
         "No setting of this grid has both a FedCME run and another method's yet: nothing to compare.\n")
     assert paired_table(entries, LOW) == "_No method besides FedAvg in this setting yet._\n"
+
+
+def test_every_measure_a_published_figure_may_name_is_a_column_of_the_summary_csv():
+    assert set(PUBLISHED_MEASURES) == set(ACCURACY_KEYS) and set(ACCURACY_KEYS) <= set(CSV_COLUMNS)
