@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import REPO_ROOT
 
 EXPECTED = {"local_training", "parallel", "overhead", "memory", "evaluation", "evaluation_layouts", "startup",
@@ -114,3 +116,69 @@ def test_the_gpu_bench_quick_mode_runs_its_rounds_on_the_cpu(tmp_path):
     assert all(record["device"] == "cpu" and record["rounds"] == 2 and record["gpu_utilisation_percent"] is None
                for record in records)
     assert all(is_positive(record[key]) for record in records for key in ("round_seconds", "samples_per_second"))
+
+
+def bf16_study():
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    try:
+        import bf16_accuracy
+    finally:
+        sys.path.remove(str(REPO_ROOT / "bench"))
+    return bf16_accuracy
+
+
+def finals(setting_a: tuple[list[float], list[float]], setting_b: tuple[list[float], list[float]]) -> dict:
+    """{(dataset, algorithm, precision, seed): final accuracy} from (fp32 by seed, bf16 by seed) per setting."""
+    values = {}
+    for (dataset, algorithm), (fp32, bf16) in {("fmnist", "fedavg"): setting_a, ("cifar10", "fedcme"): setting_b}.items():
+        for seed, (f, b) in enumerate(zip(fp32, bf16)):
+            values[(dataset, algorithm, "fp32", seed)], values[(dataset, algorithm, "bf16", seed)] = f, b
+    return values
+
+
+def test_the_bf16_rule_needs_a_small_mean_difference_and_each_setting_within_its_seed_spread():
+    verdict = bf16_study().verdict
+    # A: d = mean(+0.5, 0) = +0.25 points, fp32 std 1.41; B: d = +0.5, fp32 std 0 (the seeds agree)
+    result = verdict(finals(([0.80, 0.82], [0.805, 0.82]), ([0.60, 0.60], [0.60, 0.61])))
+    rows = {row["dataset"]: row for row in result["settings"]}
+    assert rows["fmnist"]["difference_points"] == pytest.approx(0.25)
+    assert rows["fmnist"]["fp32_seed_std_points"] == pytest.approx(2 ** 0.5)
+    assert rows["fmnist"]["within_seed_spread"] and not rows["cifar10"]["within_seed_spread"]
+    assert result["mean_abs_difference_points"] == pytest.approx(0.375)
+    assert result["bf16_may_be_default"] is False
+    # B's seeds now spread by 2 points (std 1.41): both settings within, mean |d| 0.375 <= 0.5
+    assert verdict(finals(([0.80, 0.82], [0.805, 0.82]), ([0.60, 0.62], [0.61, 0.62])))["bf16_may_be_default"]
+    # every d within its spread, but bf16 is 1 point better on average: over the 0.5-point bound all the same
+    result = verdict(finals(([0.80, 0.82], [0.81, 0.83]), ([0.60, 0.62], [0.61, 0.63])))
+    assert all(row["within_seed_spread"] for row in result["settings"])
+    assert result["mean_abs_difference_points"] == pytest.approx(1.0) and not result["bf16_may_be_default"]
+
+
+def run_bf16_bench(tmp_path, *options: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "DO_NOT_TRACK": "1"}
+    return subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bf16_accuracy.py"), "--results",
+                           str(tmp_path / "bf16.jsonl"), *options], cwd=tmp_path, env=environment,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_the_bf16_study_quick_mode_trains_every_run_in_both_precisions_and_gives_the_verdict(tmp_path):
+    completed = run_bf16_bench(tmp_path, "--quick")
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    records = [json.loads(line) for line in (tmp_path / "bf16.jsonl").read_text().splitlines()]
+    runs = [record for record in records if record["bench"] == "bf16_accuracy_run"]
+    assert sorted((r["dataset"], r["algorithm"], r["precision"], r["seed"]) for r in runs) == sorted(
+        (d, a, p, s) for d in ("fmnist", "cifar10") for a in ("fedavg", "fedcme(0.01)") for p in ("fp32", "bf16")
+        for s in (0, 1))
+    assert all(len(r["accuracy"]) == 2 and r["final_accuracy"] == pytest.approx(sum(r["accuracy"]) / 2) for r in runs)
+    [summary] = [record for record in records if record["bench"] == "bf16_accuracy"]
+    assert len(summary["settings"]) == 4 and isinstance(summary["bf16_may_be_default"], bool)
+    assert "| fmnist | fedcme(0.01) |" in completed.stderr and "be a default." in completed.stderr
+
+
+def test_the_bf16_study_names_an_unknown_dataset_in_one_line(tmp_path):
+    completed = run_bf16_bench(tmp_path, "--datasets", "fmnist,mnist")
+
+    assert completed.returncode == 2
+    assert completed.stderr == "bench/bf16_accuracy.py: --datasets mnist: not one of fmnist,cifar10\n"
+    assert not (tmp_path / "bf16.jsonl").exists()
