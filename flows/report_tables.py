@@ -39,12 +39,15 @@ def stats_cell(summary: SeedStats | None, scale: float = 100.0, decimals: int = 
 
 def markdown_table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[Cell]]],
                    smaller_is_better: Sequence[bool]) -> str:
-    """A Markdown table; in each column every cell whose value equals the best is bold (ties all bold)."""
+    """A Markdown table; in each column every cell whose value equals the best is bold (ties all bold).
+    A column of values is right-aligned, one of text alone (every value None) left-aligned."""
     best = []
     for column, smaller in enumerate(smaller_is_better):
         present = [cells[column][1] for _, cells in rows if cells[column][1] is not None]
         best.append(None if not present else (min(present) if smaller else max(present)))
-    lines = ["| " + " | ".join(markdown_text(name) for name in header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    aligned = ["---:" if any(cells[column][1] is not None for _, cells in rows) else "---"  # numbers right
+               for column in range(len(header) - 1)]
+    lines = ["| " + " | ".join(markdown_text(name) for name in header) + " |", "|---|" + "|".join(aligned) + "|"]
     for name, cells in rows:
         texts = [f"**{text}**" if value is not None and value == best[column] else text
                  for column, (text, value) in enumerate(cells)]
