@@ -91,11 +91,15 @@ def test_quick_benchmarks_write_well_formed_results(tmp_path, prefect_server):
     assert {record["model"] for record in records if record["bench"] == "per_sample"} == {"fmnist_cnn", "cifar_cnn"}
 
 
-def run_gpu_bench(tmp_path, *options: str) -> subprocess.CompletedProcess:
+def run_bench_without_gpu(script: str, results, *options: str) -> subprocess.CompletedProcess:
+    """bench/<script> with no CUDA device visible, writing its records to `results`."""
     environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "DO_NOT_TRACK": "1"}
-    return subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "gpu.py"), "--results",
-                           str(tmp_path / "gpu.jsonl"), *options], cwd=tmp_path, env=environment,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, str(REPO_ROOT / "bench" / script), "--results", str(results), *options],
+                          cwd=results.parent, env=environment, capture_output=True, text=True, timeout=600)
+
+
+def run_gpu_bench(tmp_path, *options: str) -> subprocess.CompletedProcess:
+    return run_bench_without_gpu("gpu.py", tmp_path / "gpu.jsonl", *options)
 
 
 def test_the_gpu_bench_without_a_gpu_says_so_in_one_line(tmp_path):
@@ -155,10 +159,7 @@ def test_the_bf16_rule_needs_a_small_mean_difference_and_each_setting_within_its
 
 
 def run_bf16_bench(tmp_path, *options: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "DO_NOT_TRACK": "1"}
-    return subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bf16_accuracy.py"), "--results",
-                           str(tmp_path / "bf16.jsonl"), *options], cwd=tmp_path, env=environment,
-                          capture_output=True, text=True, timeout=600)
+    return run_bench_without_gpu("bf16_accuracy.py", tmp_path / "bf16.jsonl", *options)
 
 
 def test_the_bf16_study_quick_mode_trains_every_run_in_both_precisions_and_gives_the_verdict(tmp_path):
