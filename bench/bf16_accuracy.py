@@ -143,7 +143,8 @@ def main() -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("bench/bf16_accuracy.py: --device cuda, but no CUDA device here; nothing measured", file=sys.stderr)
         return 2
-    if not (native_bf16(torch.device(device)) or arguments.quick or arguments.allow_emulated):
+    native = native_bf16(torch.device(device))
+    if not (native or arguments.quick or arguments.allow_emulated):
         print(f"bench/bf16_accuracy.py: no native bf16 on this {device} (emulated bf16 is 0.13-0.16x of fp32); "
               "nothing measured (--allow-emulated runs it anyway)", file=sys.stderr)
         return 2
@@ -171,7 +172,7 @@ def main() -> int:
                     quick=arguments.quick)
     result = verdict({(r["dataset"], r["algorithm"], r["precision"], r["seed"]): r["final_accuracy"]
                       for r in results})
-    common.emit("bf16_accuracy", {"device": name, "rounds": rounds, "native_bf16": native_bf16(torch.device(device)),
+    common.emit("bf16_accuracy", {"device": name, "rounds": rounds, "native_bf16": native,
                                   **result}, arguments.results, quick=arguments.quick)
     print(markdown(result), file=sys.stderr)
     return 0

@@ -170,7 +170,11 @@ def load_dataset(
 
 RAW_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 STATISTICS = {"fmnist": (FMNIST_MEAN, FMNIST_STD), "cifar10": (CIFAR10_MEAN, CIFAR10_STD)}
-UNNORMALISED = {name: ((0.0,) * len(mean), (1.0,) * len(mean)) for name, (mean, _) in STATISTICS.items()}
+
+
+def unit_statistics(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) that leave the images as they are: 0 and 1 per channel (``normalise=False``)."""
+    return (0.0,) * channels, (1.0,) * channels
 
 
 def load_raw(name: str, *, data_dir: Path, mirror: Path | None = None) -> dict[str, np.ndarray]:
@@ -192,7 +196,7 @@ def load_raw(name: str, *, data_dir: Path, mirror: Path | None = None) -> dict[s
 def from_raw(name: str, arrays: dict[str, np.ndarray], normalise: bool = True) -> Dataset:
     """Raw uint8 arrays as float32 images: normalised with the dataset's channel statistics, or with
     `normalise=False` scaled to [0, 1] only (mean 0, std 1: NIID-Bench's CIFAR-10 inputs)."""
-    mean, std = STATISTICS[name] if normalise else UNNORMALISED[name]
+    mean, std = STATISTICS[name] if normalise else unit_statistics(len(STATISTICS[name][0]))
     return Dataset(
         name=name,
         x_train=_normalise(torch.from_numpy(np.asarray(arrays["x_train"])), mean, std),
@@ -225,7 +229,8 @@ def save_prepared(name: str, arrays: dict[str, np.ndarray], directory: Path) -> 
 
 
 def load_prepared(directory: Path, expected_name: str | None = None, normalise: bool = True) -> Dataset:
-    """Load a folder written by :func:`save_prepared`, verifying every array's sha256 (`normalise`: as :func:`from_raw`)."""
+    """Load a folder written by :func:`save_prepared`, verifying every array's sha256
+    (`normalise`: as :func:`from_raw`)."""
     directory = Path(directory)
     meta_path = directory / "meta.json"
     try:
@@ -261,8 +266,8 @@ def make_synthetic(spec: SyntheticSpec, normalise: bool = True) -> Dataset:
     std = x_train.std(axis=(0, 2, 3), dtype=np.float64)
     if np.any(std == 0):
         raise DataError("synthetic dataset: a channel has zero variance; use noise > 0 or more samples")
-    mean_tuple = tuple(float(value) for value in mean) if normalise else (0.0,) * len(mean)
-    std_tuple = tuple(float(value) for value in std) if normalise else (1.0,) * len(std)
+    mean_tuple, std_tuple = ((tuple(float(value) for value in mean), tuple(float(value) for value in std))
+                             if normalise else unit_statistics(len(mean)))
     return Dataset(
         name="synthetic",
         x_train=_normalise(torch.from_numpy(x_train), mean_tuple, std_tuple, scale=1.0),

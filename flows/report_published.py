@@ -14,7 +14,7 @@ from typing import Any
 
 from fedcme_core.params import ParamsFile, PublishedFigure
 
-from .report_tables import MISSING_CELL, markdown_table, markdown_text, stats_cell
+from .report_tables import MISSING_CELL, markdown_table, stats_cell
 from .seed_stats import ACCURACY_KEYS, SeedStats, cells_by_seed, seed_stats
 
 BOUND_POINTS = 2.5
@@ -68,5 +68,5 @@ def published_table(entries: Sequence[Mapping[str, Any]], figures: Sequence[Publ
     rows = []
     for label, figure in figures:
         cells = published_row(entries, label, figure)
-        rows.append((cells[0], [(markdown_text(text), None) for text in cells[1:]]))  # nothing bold: a figure a row
+        rows.append((cells[0], [(text, None) for text in cells[1:]]))  # nothing bold: a figure a row
     return markdown_table(header, rows, [False] * (len(header) - 1))

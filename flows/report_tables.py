@@ -40,7 +40,8 @@ def stats_cell(summary: SeedStats | None, scale: float = 100.0, decimals: int = 
 def markdown_table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[Cell]]],
                    smaller_is_better: Sequence[bool]) -> str:
     """A Markdown table; in each column every cell whose value equals the best is bold (ties all bold).
-    A column of values is right-aligned, one of text alone (every value None) left-aligned."""
+    A column of values is right-aligned, one of text alone (every value None) left-aligned; every
+    name and cell is escaped (:func:`markdown_text`)."""
     best = []
     for column, smaller in enumerate(smaller_is_better):
         present = [cells[column][1] for _, cells in rows if cells[column][1] is not None]
@@ -49,7 +50,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[Cel
                for column in range(len(header) - 1)]
     lines = ["| " + " | ".join(markdown_text(name) for name in header) + " |", "|---|" + "|".join(aligned) + "|"]
     for name, cells in rows:
-        texts = [f"**{text}**" if value is not None and value == best[column] else text
+        texts = [f"**{markdown_text(text)}**" if value is not None and value == best[column] else markdown_text(text)
                  for column, (text, value) in enumerate(cells)]
         lines.append("| " + " | ".join([markdown_text(name), *texts]) + " |")
     return "\n".join(lines) + "\n"
