@@ -20,11 +20,12 @@ at 0.13-0.16x of fp32's speed (BENCHMARKS "bf16 autocast on a CPU without native
 both shapes, K=M=2, E=2, 2 rounds (the last 2 as the final window), seeds 0 and 1, in this process.
 
     .venv/bin/python bench/bf16_accuracy.py [--device auto|cpu|cuda] [--datasets fmnist,cifar10] [--jobs N]
-                                            [--rounds T] [--quick]
+                                            [--rounds T] [--resume] [--quick]
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import statistics
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import common
 
@@ -84,6 +85,21 @@ def train(run: Run, values: dict, workers: int) -> dict:
             "wall_seconds": round(time.perf_counter() - started, 2)}
 
 
+def finished_runs(results: os.PathLike, *, device: str, rounds: int) -> dict[Run, dict]:
+    """The runs a results file already holds for this device and length, by (dataset, algorithm, precision, seed)."""
+    done: dict[Run, dict] = {}
+    if not os.path.exists(results):
+        return done
+    with open(results, encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            if record.get("bench") == "bf16_accuracy_run" and (record["device"], record["rounds"]) == (device, rounds):
+                run = (record["dataset"], record["algorithm"], record["precision"], record["seed"])
+                done[run] = {key: record[key] for key in ("dataset", "algorithm", "precision", "seed",
+                                                          "final_accuracy", "final_window", "accuracy", "wall_seconds")}
+    return done
+
+
 def verdict(finals: Mapping[Run, float]) -> dict:
     """The rule over {(dataset, algorithm, precision, seed): final accuracy (fraction)}, in points."""
     settings = sorted({(dataset, algorithm) for dataset, algorithm, _, _ in finals})
@@ -127,6 +143,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=None, help="runs at once, a process each (default: by device)")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--datasets", default=",".join(DATASETS), help="of fmnist,cifar10 (one call each, say)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs --results already holds (same device and rounds), train the rest")
     parser.add_argument("--allow-emulated", action="store_true", help="run where bf16 is emulated (slow)")
     arguments = parser.parse_args()
     datasets = [name for name in arguments.datasets.split(",") if name]
@@ -154,22 +172,30 @@ def main() -> int:
         return 2
     rounds = 2 if arguments.quick else arguments.rounds
     cores = common.cores()
-    workers = 4 if device == "cuda" else min(2, cores)
     jobs = 1 if arguments.quick else (arguments.jobs or (max(1, cores // 2) if device == "cuda" else 1))
+    workers = 4 if device == "cuda" else max(1, min(2, cores // jobs))  # client threads per run: a core each
     runs = [(dataset, algorithm, precision, seed) for dataset in datasets for algorithm in ALGORITHMS
             for seed in SEEDS for precision in PRECISIONS]
-    plans = [(run, run_values(run, quick=arguments.quick, device=device, rounds=rounds)) for run in runs]
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    done = finished_runs(arguments.results, device=name, rounds=rounds) if arguments.resume else {}
+    plans = [(run, run_values(run, quick=arguments.quick, device=device, rounds=rounds))
+             for run in runs if run not in done]
+    results = list(done.values())
+
+    def record(result: dict) -> None:  # each run as it finishes, so an interrupted study keeps what it did
+        results.append(result)
+        common.emit("bf16_accuracy_run", {"device": name, "rounds": rounds, **result}, arguments.results,
+                    quick=arguments.quick)
+
     if jobs == 1:
-        results = [train(run, values, workers) for run, values in plans]
+        for run, values in plans:
+            record(train(run, values, workers))
     else:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         context = multiprocessing.get_context("spawn")  # CUDA in the children
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            results = list(pool.map(train, *zip(*plans), [workers] * len(plans)))
-    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
-    for result in results:
-        common.emit("bf16_accuracy_run", {"device": name, "rounds": rounds, **result}, arguments.results,
-                    quick=arguments.quick)
+            for future in as_completed([pool.submit(train, run, values, workers) for run, values in plans]):
+                record(future.result())
     result = verdict({(r["dataset"], r["algorithm"], r["precision"], r["seed"]): r["final_accuracy"]
                       for r in results})
     common.emit("bf16_accuracy", {"device": name, "rounds": rounds, "native_bf16": native,

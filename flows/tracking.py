@@ -23,6 +23,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -79,23 +80,26 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
         ) from None
 
 
-def warm_up(uri: str) -> None:
+def warm_up(uri: str) -> threading.Thread | None:
     """Do now what the run needs of MLflow later, while the command waits for Prefect's server.
 
     Opens the store (for sqlite, its schema check: 1.3 s here; MLflow keeps the store per URI)
-    and starts, on a daemon thread, MLflow's map of installed distributions to modules, which
-    ``log_model``'s requirement check builds after the last round (3 s here). A store that cannot
-    be opened is left to :meth:`RunTracker.open`, which says what is wrong in one line."""
-    import threading
-
+    and starts, on a daemon thread (returned), MLflow's map of installed distributions to modules,
+    which ``log_model``'s requirement check builds after the last round (3 s here). MLflow has no
+    public call for that map: where its helper is gone, the check builds it then, as before. A
+    store that cannot be opened is left to :meth:`RunTracker.open`, which says what is wrong in
+    one line."""
     from mlflow.utils import requirements_utils
 
-    threading.Thread(target=requirements_utils._init_packages_to_modules_map, name="mlflow-packages",
-                     daemon=True).start()
+    build_map = getattr(requirements_utils, "_init_packages_to_modules_map", None)
+    thread = None if build_map is None else threading.Thread(target=build_map, name="mlflow-packages", daemon=True)
+    if thread is not None:
+        thread.start()
     try:
         MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
     except Exception:  # noqa: BLE001 - reported by RunTracker.open, before any training
         pass
+    return thread
 
 
 def git_commit(directory: Path) -> str:

@@ -162,7 +162,7 @@ def run_bf16_bench(tmp_path, *options: str) -> subprocess.CompletedProcess:
     return run_bench_without_gpu("bf16_accuracy.py", tmp_path / "bf16.jsonl", *options)
 
 
-def test_the_bf16_study_quick_mode_trains_every_run_in_both_precisions_and_gives_the_verdict(tmp_path):
+def test_the_bf16_study_quick_mode_trains_every_run_in_both_precisions_gives_the_verdict_and_resumes(tmp_path):
     completed = run_bf16_bench(tmp_path, "--quick")
 
     assert completed.returncode == 0, completed.stderr[-4000:]
@@ -175,6 +175,14 @@ def test_the_bf16_study_quick_mode_trains_every_run_in_both_precisions_and_gives
     [summary] = [record for record in records if record["bench"] == "bf16_accuracy"]
     assert len(summary["settings"]) == 4 and isinstance(summary["bf16_may_be_default"], bool)
     assert "| fmnist | fedcme(0.01) |" in completed.stderr and "be a default." in completed.stderr
+
+    # --resume keeps the 16 finished runs of this device and length: none trains again, the verdict is the same
+    resumed = run_bf16_bench(tmp_path, "--quick", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    records = [json.loads(line) for line in (tmp_path / "bf16.jsonl").read_text().splitlines()]
+    assert sum(record["bench"] == "bf16_accuracy_run" for record in records) == 16
+    first, second = [record for record in records if record["bench"] == "bf16_accuracy"]
+    assert second["settings"] == first["settings"]
 
 
 def test_the_bf16_study_names_an_unknown_dataset_in_one_line(tmp_path):

@@ -1,4 +1,4 @@
-"""RunTracker against a real MLflow sqlite store: one round numbering, and runs begun before it."""
+"""RunTracker against a real MLflow sqlite store: one round numbering, runs begun before it, the warm-up."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from flows.tracking import RunTracker
+from flows.tracking import RunTracker, warm_up
 
 from .test_records import record
 
@@ -46,3 +46,15 @@ def test_a_run_begun_with_steps_from_zero_keeps_its_numbering_when_resumed(tmp_p
     assert resumed.run_id == tracker.run_id
     assert resumed.sync(history) == 1
     assert [step for step, _ in steps(resumed)] == [0, 1, 2]
+
+
+def test_the_warm_up_opens_the_store_and_builds_mlflows_package_map_that_log_model_checks_against(tmp_path, monkeypatch):
+    from mlflow.utils import requirements_utils
+
+    monkeypatch.setattr(requirements_utils, "_PACKAGES_TO_MODULES", None)
+    thread = warm_up(f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+    assert (tmp_path / "mlflow.db").is_file()
+    assert thread is not None, "MLflow no longer has _init_packages_to_modules_map: the warm-up builds nothing"
+    thread.join(timeout=60)
+    assert "torch" in requirements_utils._PACKAGES_TO_MODULES and "mlflow" in requirements_utils._PACKAGES_TO_MODULES
