@@ -6,7 +6,7 @@ M=10, E=2, alpha 0.1, batch 64, 5 rounds; every variant of a workload trains the
 (seed 0) and the same selected clients. Variants, run one after the other, `--repeats` times:
 
 * ``defaults``: ``fedcme train`` with the config's defaults (``training.channels_last: auto``,
-  ``training.precision: fp32``; the run's calibration chooses the layout);
+  ``training.precision: auto``; the run's calibration chooses both);
 * ``old``:      ``fedcme train`` with ``channels_last: false, precision: fp32`` (the defaults
   before fedcme_core/compute.py);
 * ``bare``:     one process, 2 torch threads, no orchestration or tracking: per round, each

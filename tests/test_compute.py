@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedcme_core import compute as compute_module
-from fedcme_core.compute import Compute, ComputeChoice, candidates, resolve
+from fedcme_core.compute import Compute, ComputeChoice, candidates, native_bf16, resolve
 from fedcme_core.config import TrainingConfig
 from fedcme_core.rounds import RunPaths, final_model, run_experiment
 from fedcme_core.training import ClientHooks
@@ -111,11 +111,12 @@ def test_bf16_autocast_trains_close_to_fp32_with_fp32_weights():
 
 
 def test_a_run_records_its_choice_and_a_resumed_run_keeps_it(tmp_path, synthetic_config, cache_dir, monkeypatch):
-    config = synthetic_config({"federation.rounds": 2})  # training.channels_last: auto (the default)
+    config = synthetic_config({"federation.rounds": 2})  # channels_last and precision: auto (the defaults)
     straight = tmp_path / "straight"
     run_experiment(config, straight)
     recorded = json.loads(RunPaths(straight).compute.read_text())
-    assert recorded["chosen_by"] == "calibration" and recorded["precision"] == "fp32"
+    assert recorded["chosen_by"] == "calibration"
+    assert recorded["precision"] in (("fp32", "bf16") if native_bf16(CPU) else ("fp32",))
 
     # The same config on the same machine chooses alike (machine cache) and gives the same bits.
     again = tmp_path / "again"
@@ -156,7 +157,7 @@ def test_a_missing_or_damaged_compute_record_is_named(tmp_path, synthetic_config
 def test_training_config_accepts_auto_and_booleans_only():
     from fedcme_core.config import ConfigError, config_from_dict
 
-    assert TrainingConfig().channels_last == "auto" and TrainingConfig().precision == "fp32"
+    assert TrainingConfig().channels_last == "auto" and TrainingConfig().precision == "auto"
     with pytest.raises(ConfigError, match="training.channels_last: Input should be a valid boolean"):
         config_from_dict({"training": {"channels_last": "maybe"}})
     with pytest.raises(ConfigError, match="training.precision: Input should be 'fp32', 'bf16' or 'auto'"):

@@ -223,7 +223,8 @@ CHANNELS_LAST_TOLERANCE = 1e-4  # absolute, per parameter, after 3 rounds (measu
 def test_channels_last_equals_the_default_format_within_its_tolerance(tmp_path, synthetic_config, algorithm):
     runs = {}
     for channels_last in (False, True):
-        config = synthetic_config({"training.channels_last": channels_last, "federation.rounds": 3}, algorithm=algorithm)
+        config = synthetic_config({"training.channels_last": channels_last, "training.precision": "fp32",
+                                   "federation.rounds": 3}, algorithm=algorithm)
         history = run_experiment(config, tmp_path / str(channels_last))
         runs[channels_last] = (history, final_model(config, tmp_path / str(channels_last)).state_dict())
 
