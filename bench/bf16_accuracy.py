@@ -94,9 +94,7 @@ def finished_runs(results: os.PathLike, *, device: str, rounds: int) -> dict[Run
         for line in handle:
             record = json.loads(line)
             if record.get("bench") == "bf16_accuracy_run" and (record["device"], record["rounds"]) == (device, rounds):
-                run = (record["dataset"], record["algorithm"], record["precision"], record["seed"])
-                done[run] = {key: record[key] for key in ("dataset", "algorithm", "precision", "seed",
-                                                          "final_accuracy", "final_window", "accuracy", "wall_seconds")}
+                done[(record["dataset"], record["algorithm"], record["precision"], record["seed"])] = record
     return done
 
 

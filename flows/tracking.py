@@ -91,9 +91,9 @@ def warm_up(uri: str) -> threading.Thread | None:
     one line."""
     from mlflow.utils import requirements_utils
 
-    build_map = getattr(requirements_utils, "_init_packages_to_modules_map", None)
-    thread = None if build_map is None else threading.Thread(target=build_map, name="mlflow-packages", daemon=True)
-    if thread is not None:
+    thread = None
+    if build_map := getattr(requirements_utils, "_init_packages_to_modules_map", None):
+        thread = threading.Thread(target=build_map, name="mlflow-packages", daemon=True)
         thread.start()
     try:
         MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
