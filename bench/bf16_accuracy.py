@@ -85,15 +85,23 @@ def train(run: Run, values: dict, workers: int) -> dict:
             "wall_seconds": round(time.perf_counter() - started, 2)}
 
 
-def finished_runs(results: os.PathLike, *, device: str, rounds: int) -> dict[Run, dict]:
-    """The runs a results file already holds for this device and length, by (dataset, algorithm, precision, seed)."""
+def finished_runs(results: os.PathLike, *, device: str, rounds: int, quick: bool) -> dict[Run, dict]:
+    """The runs a results file already holds for this device, length and mode, by (dataset, algorithm, precision, seed).
+
+    A line that is not a JSON record raises ValueError naming the file and the line.
+    """
     done: dict[Run, dict] = {}
     if not os.path.exists(results):
         return done
     with open(results, encoding="utf-8") as handle:
-        for line in handle:
-            record = json.loads(line)
-            if record.get("bench") == "bf16_accuracy_run" and (record["device"], record["rounds"]) == (device, rounds):
+        for number, line in enumerate(handle, start=1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{results}:{number}: not a JSON record ({error.msg}); "
+                                 "mend or remove that line, or run without --resume") from None
+            if (record.get("bench") == "bf16_accuracy_run" and bool(record.get("quick")) == quick
+                    and (record.get("device"), record.get("rounds")) == (device, rounds)):
                 done[(record["dataset"], record["algorithm"], record["precision"], record["seed"])] = record
     return done
 
@@ -142,7 +150,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--datasets", default=",".join(DATASETS), help="of fmnist,cifar10 (one call each, say)")
     parser.add_argument("--resume", action="store_true",
-                        help="keep the runs --results already holds (same device and rounds), train the rest")
+                        help="keep the runs --results already holds (same device, rounds and --quick), train the rest")
     parser.add_argument("--allow-emulated", action="store_true", help="run where bf16 is emulated (slow)")
     arguments = parser.parse_args()
     datasets = [name for name in arguments.datasets.split(",") if name]
@@ -175,7 +183,12 @@ def main() -> int:
     runs = [(dataset, algorithm, precision, seed) for dataset in datasets for algorithm in ALGORITHMS
             for seed in SEEDS for precision in PRECISIONS]
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
-    done = finished_runs(arguments.results, device=name, rounds=rounds) if arguments.resume else {}
+    try:
+        done = (finished_runs(arguments.results, device=name, rounds=rounds, quick=arguments.quick)
+                if arguments.resume else {})
+    except ValueError as error:
+        print(f"bench/bf16_accuracy.py: --resume: {error}", file=sys.stderr)
+        return 2
     plans = [(run, run_values(run, quick=arguments.quick, device=device, rounds=rounds))
              for run in runs if run not in done]
     results = list(done.values())

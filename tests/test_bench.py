@@ -191,3 +191,23 @@ def test_the_bf16_study_names_an_unknown_dataset_in_one_line(tmp_path):
     assert completed.returncode == 2
     assert completed.stderr == "bench/bf16_accuracy.py: --datasets mnist: not one of fmnist,cifar10\n"
     assert not (tmp_path / "bf16.jsonl").exists()
+
+
+def test_resume_keeps_only_the_runs_of_this_device_length_and_mode_and_names_a_damaged_line(tmp_path):
+    finished_runs = bf16_study().finished_runs
+    results = tmp_path / "results.jsonl"
+    run = {"bench": "bf16_accuracy_run", "dataset": "fmnist", "algorithm": "fedavg", "precision": "fp32", "seed": 0}
+    lines = [{**run, "device": "cpu", "rounds": 2, "quick": True},
+             {**run, "device": "cpu", "rounds": 2, "quick": False, "seed": 1},
+             {**run, "device": "cpu", "rounds": 30, "quick": False, "seed": 2},
+             {**run, "device": "NVIDIA H200", "rounds": 2, "quick": False, "seed": 3},
+             {"bench": "bf16_accuracy", "device": "cpu", "rounds": 2, "quick": False}]
+    results.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    assert list(finished_runs(results, device="cpu", rounds=2, quick=True)) == [("fmnist", "fedavg", "fp32", 0)]
+    assert list(finished_runs(results, device="cpu", rounds=2, quick=False)) == [("fmnist", "fedavg", "fp32", 1)]
+    assert finished_runs(tmp_path / "absent.jsonl", device="cpu", rounds=2, quick=False) == {}
+
+    results.write_text(results.read_text() + '{"bench": "bf16_accuracy_run", "dev\n')
+    with pytest.raises(ValueError, match=r"results\.jsonl:6: not a JSON record .*without --resume"):
+        finished_runs(results, device="cpu", rounds=2, quick=False)
