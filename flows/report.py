@@ -4,8 +4,9 @@ It reproduces the forms in which FedCME's paper (Nie et al., arXiv:2307.08574) r
 results, each cell the mean ± std over the grid's seeds: Table II (final test accuracy, methods x
 settings), Table III (test accuracy at T/5 ... T and rounds to a target, for one setting), the
 ablation comparison (its Table IV), the paired differences against FedAvg (:mod:`flows.seed_stats`),
-the settings where FedCME does not win, and the figures others published for these settings beside
-ours (:mod:`flows.report_published`). It reads a metrics folder (:mod:`flows.report_inputs`).
+the paper's claims checked against the runs (:mod:`flows.report_claims`), the settings where FedCME
+does not win, and the figures others published for these settings beside ours
+(:mod:`flows.report_published`). It reads a metrics folder (:mod:`flows.report_inputs`).
 
     python -m flows.report --metrics metrics --markdown reports/results.md --png reports/accuracy.png \\
         --csv reports/results.csv --grid default --summary reports/summary.json --curves reports/curves \\
@@ -22,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from fedcme_core.checkpoints import atomic_write_bytes
-from fedcme_core.params import load_params
+from fedcme_core.params import MethodEntry, load_params
 
 from .report_dvc import curve_tables, summary_metrics
+from .report_claims import claims_section
 from .report_figures import curves_png, empty_png, matching_png
 from .report_inputs import load_matching, load_metrics, matching_runs
 from .report_published import Published, published_figures, published_table
@@ -76,10 +78,12 @@ def report_markdown(
     links: Mapping[str, str],
     note: str | None = None,
     published: Sequence[Published] = (),
+    methods: Mapping[str, MethodEntry] | None = None,
 ) -> str:
     """The report's Markdown text; `links` holds the figures' relative paths (accuracy, ablation, matching),
     `note` an opening paragraph (where the runs come from), `published` the figures others published
-    for these settings ((label, figure) of the grid file's ``report.published``), set beside ours."""
+    for these settings ((label, figure) of the grid file's ``report.published``), set beside ours, and
+    `methods` the grid file's methods, by which the paper's claims are checked (:mod:`flows.report_claims`)."""
     main_entries = [entry for entry in entries if entry["group"] == "main"]
     fractions = unique_in_order([key for entry in main_entries for key in entry["accuracy_at"]])
     fraction_text = ", ".join(fraction_column_name(key) for key in fractions) or "fractions of T"
@@ -131,6 +135,9 @@ def report_markdown(
             "so the matched curve lies below the random one when the matching finds complementary clients.\n",
             f"![matching]({links['matching']})\n",
         ]
+    claims = claims_section(entries, methods or {})
+    if claims is not None:
+        parts += ["## The paper's claims here\n", claims]
     parts += ["## Where FedCME does not win\n", where_fedcme_does_not_win(main_entries)]
     return "\n".join(parts)
 
@@ -153,6 +160,7 @@ def write_report(
     output_summary: Path | None = None,
     output_curves: Path | None = None,
     published: Sequence[Published] = (),
+    methods: Mapping[str, MethodEntry] | None = None,
 ) -> None:
     """Write the Markdown report, its figures and (with `output_csv`) the grid's summary CSV, each atomically;
     with `output_summary` and `output_curves`, what DVC shows (:mod:`flows.report_dvc`): the summary
@@ -160,7 +168,8 @@ def write_report(
 
     The accuracy figure goes to `output_png`, the ablation and matching figures beside it as
     ``<stem>-ablation.png`` and ``<stem>-matching.png`` (a panel saying so when there is nothing
-    to draw; the report links only drawn ones); `published` figures are set beside ours. Raises
+    to draw; the report links only drawn ones); `published` figures are set beside ours, and the
+    paper's claims are checked where `methods` (the grid file's) names the runs they need. Raises
     ValueError when the folder holds no metrics file.
     """
     metrics_directory, output_markdown, output_png = Path(metrics_directory), Path(output_markdown), Path(output_png)
@@ -173,8 +182,8 @@ def write_report(
     writes: dict[Path, bytes] = {}
     links = {}
     for name, (path, selected) in figures.items():
-        methods = unique_in_order([entry["method"] for entry in selected])
-        writes[path] = curves_png(selected, metrics_directory, methods)
+        labels = unique_in_order([entry["method"] for entry in selected])
+        writes[path] = curves_png(selected, metrics_directory, labels)
         links[name] = relative_link(path, output_markdown)
     runs = matching_runs(load_matching(metrics_directory), entries)
     if runs:
@@ -184,7 +193,7 @@ def write_report(
     writes.setdefault(figure_path(output_png, "ablation"), empty_png("no ablation runs in this grid"))
     writes.setdefault(figure_path(output_png, "matching"), empty_png("no FedCME run matched clients in this grid"))
     writes[output_markdown] = report_markdown(entries, title=title, links=links, note=note,
-                                             published=published).encode("utf-8")
+                                             published=published, methods=methods).encode("utf-8")
     if output_csv is not None:
         writes[Path(output_csv)] = summary_csv(entries, grid).encode("utf-8")
     if output_summary is not None:
@@ -214,14 +223,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--title", default=None, help="the report's title (default: from --grid)")
     parser.add_argument("--note", default=None, help="an opening paragraph: where the runs come from")
     parser.add_argument("--params", type=Path, default=None,
-                        help="the grid file whose report.published figures are set beside ours")
+                        help="the grid file: its report.published figures are set beside ours, and its "
+                        "methods name the runs that check the paper's claims")
     arguments = parser.parse_args(argv)
     title = arguments.title or f"FedCME results: the {arguments.grid} grid"
     try:
-        published = published_figures(load_params(arguments.params)) if arguments.params else ()
+        params = load_params(arguments.params) if arguments.params else None
         write_report(arguments.metrics, arguments.markdown, arguments.png, title=title,
                      output_csv=arguments.csv, grid=arguments.grid, note=arguments.note,
-                     output_summary=arguments.summary, output_curves=arguments.curves, published=published)
+                     output_summary=arguments.summary, output_curves=arguments.curves,
+                     published=published_figures(params) if params else (),
+                     methods=params.methods if params else None)
     except ValueError as error:  # a ConfigError too
         parser.exit(2, f"error: {error}\n")
     print(f"wrote {arguments.markdown} and {arguments.png}" + (f" and {arguments.csv}" if arguments.csv else ""))

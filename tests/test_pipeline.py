@@ -87,6 +87,8 @@ def test_repro_creates_every_declared_output(pipeline):
     report = (workdir / "reports" / "results.md").read_text()
     assert "| FedAvg |" in report and "| FedCME(0.01) |" in report and "FedCME w/o exchange" in report
     assert "| SCAFFOLD |" in report
+    # The report stage reads the grid file's methods: the no-exchange run checks the paper's exchange claim.
+    assert "| classifier exchange helps | FMNIST α=0.5 K=100 M=2 | FedCME(0.01) − FedCME w/o exchange |" in report
     summary = (workdir / "reports" / "results.csv").read_text().splitlines()
     assert len(summary) == 1 + len(EXPERIMENTS) and all(line.startswith("smoke,") for line in summary[1:])
     matching = json.loads((workdir / "metrics" / "matching" / f"{EXPERIMENTS[1]}.json").read_text())

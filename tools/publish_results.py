@@ -63,7 +63,8 @@ def publish(grid: str, metrics: Path, note: str | None, params: Path | None = No
         copied.append(name)
     write_report(target, DOCS / f"results-{grid}.md", DOCS / f"results-{grid}.png",
                  title=f"FedCME results: the {grid} grid", output_csv=DOCS / "results" / f"{grid}.csv",
-                 grid=grid, note=note, published=published)
+                 grid=grid, note=note, published=published,
+                 methods=grid_params.methods)
     return copied
 
 
