@@ -31,6 +31,7 @@ FIGURE_DPI = 200
 PANEL_INCHES = (6.0, 4.0)  # 1,200 x 800 px at FIGURE_DPI
 LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (5, 2, 1, 2)))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+PAIRS_SHOWN = 5  # matched pairs drawn per round: M=30 gives 15, too many panels to read side by side
 
 
 def read_accuracy_curve(path: Path) -> tuple[list[int], list[float]]:
@@ -146,13 +147,15 @@ def matching_png(runs: Sequence[Mapping[str, Any]]) -> bytes:
     """PNG bytes: the matched pairs' class histograms (runs[0], early and late round) and the cosines over rounds.
 
     `runs` are the matching records (``metrics/matching/<experiment>.json``) of one method and
-    setting, over its seeds; the cosine panel shows their mean with a min-max band.
+    setting, over its seeds; the cosine panel shows their mean with a min-max band. Each round shows
+    its first PAIRS_SHOWN pairs, in the matching's order.
     """
     first = runs[0]
     early, late = matching_rounds(first)
     counts = np.asarray(first["class_counts"], dtype=float)
     num_classes = counts.shape[1]
-    columns = max(len(early["pairs"]), len(late["pairs"]))
+    matched = max(len(early["pairs"]), len(late["pairs"]))
+    columns = min(matched, PAIRS_SHOWN)
     figure = Figure(figsize=(max(PANEL_INCHES[0], 2.4 * columns), 2.3 * 2 + PANEL_INCHES[1]), layout="constrained")
     grid = figure.add_gridspec(3, columns, height_ratios=(1, 1, 1.8))
     classes = np.arange(num_classes)
@@ -189,6 +192,8 @@ def matching_png(runs: Sequence[Mapping[str, Any]]) -> bytes:
                    + (f" (mean over {len(runs)} seeds, band: min-max)" if len(runs) > 1 else ""), fontsize=9)
     axes.grid(alpha=0.3)
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    figure.suptitle(f"{first['experiment']}: class histograms of the matched pairs, early and late round "
+    shown = "" if matched <= columns else (f", the first {columns} pairs of each ({len(early['pairs'])} and "
+                                           f"{len(late['pairs'])} matched)")
+    figure.suptitle(f"{first['experiment']}: class histograms of the matched pairs, early and late round{shown} "
                     "(blue: first client, orange: its counterpart)", fontsize=9)
     return _png(figure)

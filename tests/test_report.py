@@ -14,7 +14,7 @@ from fedcme_core.metrics import history_csv, split_summary, with_content_hash
 from flows.report import main, write_report
 from flows.report_inputs import load_matching, load_metrics, matching_runs
 from flows.report_dvc import curve_tables, summary_metrics
-from flows.report_figures import seed_band
+from flows.report_figures import FIGURE_DPI, matching_png, seed_band
 from flows.report_published import published_table
 from flows.report_tables import (
     ablation_entries,
@@ -267,6 +267,19 @@ def test_matching_picture_uses_the_first_fedcme_method_and_setting_over_its_seed
     markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
     assert "## What the matching does" in markdown and "![matching](accuracy-matching.png)" in markdown
     assert len((tmp_path / "accuracy-matching.png").read_bytes()) > 50_000
+
+
+def test_the_matching_picture_draws_at_most_five_pairs_a_round(tmp_path):
+    entry = grid_entries()[4]
+    many = [[[a, b] for a, b in zip(range(0, 30, 2), range(1, 30, 2))]]  # 15 pairs, as M=30 gives
+    record = matching_record(entry, [[], *many, *many]) | {"class_counts": np.ones((30, 10)).tolist()}
+    few = matching_record(entry, [[], [[0, 1]] * 5, [[2, 3]] * 5])
+
+    header = matching_png([record])[16:24]
+    width = int.from_bytes(header[:4], "big")
+
+    assert width == int.from_bytes(matching_png([few])[16:20], "big")  # as wide as 5 pairs
+    assert width <= 5 * 2.4 * FIGURE_DPI
 
 
 def test_load_matching_names_a_record_without_its_rounds(tmp_path):
