@@ -23,8 +23,8 @@ from typing import Any
 from fedcme_core.algorithm_configs import FedCMEConfig
 from fedcme_core.params import MethodEntry
 
-from .report_tables import SIGNIFICANCE, difference_text, markdown_table, p_text, unique_in_order
-from .seed_stats import PairedDifference, SeedStats, cells_by_seed, paired_difference, seed_stats
+from .report_tables import difference_text, markdown_table, p_text, unique_in_order
+from .seed_stats import SIGNIFICANCE, PairedDifference, SeedStats, cells_by_seed, paired_difference, seed_stats
 
 REFERENCE = {"mu": 0.01, "exchange": "classifier", "matching": "pairwise"}  # the paper's FedCME(0.01)
 VARIANTS = {  # the ablations: the reference with one piece changed, the rest of its section the same
@@ -66,7 +66,7 @@ class ClaimCheck:
             if d.mean > spread:
                 return f"holds on one seed: beyond FedCME(0.01)'s seed std ({100 * spread:.2f} points)"
             return f"not shown: one seed, within FedCME(0.01)'s seed std ({100 * spread:.2f} points)"
-        if d.losses == 0 and d.p_value is not None and d.p_value < SIGNIFICANCE:
+        if d.demonstrated:
             return "holds"
         return f"not shown: ahead on average, won {d.wins} of {d.n} seeds, p = {p_text(d)}"
 

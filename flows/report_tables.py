@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .seed_stats import REFERENCE_METHOD, PairedDifference, SeedStats, cells_by_seed, paired_difference, seed_stats
+from .seed_stats import (
+    REFERENCE_METHOD, SIGNIFICANCE, PairedDifference, SeedStats, cells_by_seed, paired_difference, seed_stats,
+)
 
 FEDCME_PREFIX = "FedCME"
 MISSING_CELL = "–"  # en dash
-SIGNIFICANCE = 0.05
 Cell = tuple[str, float | None]  # (text, the value bold compares; None: never bold)
 
 
@@ -166,7 +167,7 @@ def where_fedcme_does_not_win(entries: Sequence[Mapping[str, Any]]) -> str:
                     f"won {difference.wins} of {difference.n} seeds, p = {p_text(difference)}")
             if difference.mean <= 0:
                 losses.append(text)
-            elif difference.losses or difference.p_value is None or difference.p_value >= SIGNIFICANCE:
+            elif not difference.demonstrated:
                 unsure.append(text)
     if compared == 0:
         return "No setting of this grid has both a FedCME run and another method's yet: nothing to compare.\n"

@@ -19,6 +19,7 @@ from typing import Any
 from scipy import stats
 
 REFERENCE_METHOD = "FedAvg"
+SIGNIFICANCE = 0.05  # a paired t-test p below this, with no seed lost, is a demonstrated win
 # The summary's accuracy columns (the measures a published figure may name) and the metrics key of each.
 ACCURACY_KEYS = {"final_accuracy": "final_accuracy", "best_accuracy": "best_accuracy",
                  "accuracy_at_2T5": "accuracy_at/2/5"}
@@ -51,7 +52,7 @@ class SeedStats:
 @dataclass(frozen=True)
 class PairedDifference(SeedStats):
     """A - B over the seeds both ran (``by_seed``: d_s): its mean, std and n, wins (d_s > 0),
-    losses (d_s < 0) and the paired t-test p."""
+    losses (d_s < 0), the paired t-test p, and whether A's win is demonstrated."""
 
     @property
     def wins(self) -> int:
@@ -69,6 +70,11 @@ class PairedDifference(SeedStats):
         values = list(self.by_seed.values())
         p_value = float(stats.ttest_1samp(values, 0.0).pvalue)
         return None if math.isnan(p_value) else p_value
+
+    @property
+    def demonstrated(self) -> bool:
+        """A beats B on every seed, at p < SIGNIFICANCE (so over 2 seeds or more)."""
+        return self.losses == 0 and self.p_value is not None and self.p_value < SIGNIFICANCE
 
 
 def value_of(entry: Mapping[str, Any], key: str) -> float | None:

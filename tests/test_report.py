@@ -109,6 +109,14 @@ def test_paired_difference_wins_and_t_test_by_hand():
     assert PairedDifference({0: 0.0, 1: 0.0}).p_value is None  # identical methods: no test
 
 
+def test_a_demonstrated_win_is_every_seed_at_p_below_005():
+    # d = (2, 2.1, 1.9) points: mean 2, sd 0.1, t = 34.6 with 2 df: p = 0.0008.
+    assert PairedDifference({0: 0.02, 1: 0.021, 2: 0.019}).demonstrated
+    assert not PairedDifference({0: 0.01, 1: 0.02, 2: 0.03}).demonstrated  # every seed, but p = 0.074
+    assert not PairedDifference({0: 0.05, 1: 0.051, 2: -0.001}).demonstrated  # one seed lost
+    assert not PairedDifference({0: 0.5}).demonstrated  # one seed: no test
+
+
 # ------------------------------------------------------------------------------------- tables
 def test_table_ii_gives_mean_std_and_n_per_cell():
     table = accuracy_table(grid_entries(), "final_accuracy")
