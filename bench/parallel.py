@@ -48,7 +48,7 @@ import torch
 from fedcme_core import rounds
 from fedcme_core.config import config_from_dict
 from fedcme_core.models import build_model
-from fedcme_core.partition import load_partition
+from fedcme_core.partition_file import load_partition
 from local_training import bare_loop
 
 LAYOUTS = ("threads", "processes", "dask", "bare")

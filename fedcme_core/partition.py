@@ -19,32 +19,21 @@ numpy Generator, ``numpy_rng(seed, "partition")``. Methods:
   renormalised over the classes that still have samples left and takes that class's next
   unused index (each class's indices are shuffled first) **(choice)**.
 
-Every client's indices are returned sorted ascending as int64. A ``Partition`` records its
-parameters, the sha256 of the labels and a content hash; ``save_partition`` writes it as a
-single pickle-free, byte-reproducible ``.npz`` and ``load_partition`` verifies it.
+Every client's indices are returned sorted ascending as int64. :mod:`fedcme_core.partition_file`
+keeps a partition with the parameters that made it, as a byte-reproducible ``.npz``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import math
-import zipfile
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
-from fedcme_core.checkpoints import atomic_write_bytes
 from fedcme_core.seeding import numpy_rng
 
 PartitionMethod = Literal["dirichlet", "iid", "lognormal_dirichlet"]
 PARTITION_METHODS: tuple[str, ...] = ("dirichlet", "iid", "lognormal_dirichlet")
-
-_NPZ_ARRAYS = ("indices", "offsets", "meta")
-_ZIP_FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 class PartitionError(ValueError):
@@ -60,7 +49,7 @@ def dirichlet_label_partition(
     max_attempts: int = 1000,
 ) -> list[np.ndarray]:
     """NIID-Bench label-dir partition of `labels` over `num_clients` clients (see module doc)."""
-    labels = _validated_labels(labels)
+    labels = validated_labels(labels)
     _validate_arguments(len(labels), num_clients, alpha, min_size)
     if max_attempts < 1:
         raise PartitionError(f"max_attempts={max_attempts} must be >= 1")
@@ -113,7 +102,7 @@ def lognormal_dirichlet_partition(
     min_size: int = 10,
 ) -> list[np.ndarray]:
     """FedLab's unbalanced Dirichlet partition: log-normal sizes, Dir(alpha) class priors."""
-    labels = _validated_labels(labels)
+    labels = validated_labels(labels)
     _validate_arguments(len(labels), num_clients, alpha, min_size)
     if not _is_number(sigma) or not (math.isfinite(sigma) and sigma >= 0):
         raise PartitionError(f"sigma={sigma!r} must be a finite number >= 0")
@@ -147,7 +136,7 @@ def partition_labels(
     sigma: float = 0.3,
 ) -> list[np.ndarray]:
     """Partition `labels` over `num_clients` clients with `method` (one of PARTITION_METHODS)."""
-    labels = _validated_labels(labels)
+    labels = validated_labels(labels)
     _validate_arguments(len(labels), num_clients, alpha, min_size)
     if method == "dirichlet":
         return dirichlet_label_partition(labels, num_clients, alpha, seed, min_size)
@@ -162,7 +151,7 @@ def class_counts(
     labels: np.ndarray, parts: list[np.ndarray] | tuple[np.ndarray, ...], num_classes: int
 ) -> np.ndarray:
     """Per-client class counts, int64 [K, num_classes]."""
-    labels = _validated_labels(labels)
+    labels = validated_labels(labels)
     if int(labels.max()) >= num_classes:
         raise PartitionError(f"labels contain class {int(labels.max())} but num_classes={num_classes}")
     counts = np.zeros((len(parts), num_classes), dtype=np.int64)
@@ -171,145 +160,8 @@ def class_counts(
     return counts
 
 
-@dataclass(frozen=True)
-class Partition:
-    """A partition with the parameters that made it and a hash of its content.
-
-    `clients[k]` holds client k's sample indices (read-only, sorted, int64). `params` has
-    method, num_clients, alpha, seed, min_size, sigma, num_samples and labels_sha256.
-    Two partitions are equal when their content hashes are.
-    """
-
-    clients: tuple[np.ndarray, ...]
-    params: dict[str, Any]
-    content_hash: str
-
-    @classmethod
-    def create(
-        cls,
-        labels: np.ndarray,
-        *,
-        method: PartitionMethod,
-        num_clients: int,
-        alpha: float,
-        seed: int,
-        min_size: int = 10,
-        sigma: float = 0.3,
-    ) -> Partition:
-        """Partition `labels` (same arguments as partition_labels) and record how."""
-        labels = _validated_labels(labels)
-        parts = partition_labels(
-            labels,
-            method=method,
-            num_clients=num_clients,
-            alpha=alpha,
-            seed=seed,
-            min_size=min_size,
-            sigma=sigma,
-        )
-        params = {
-            "method": str(method),
-            "num_clients": int(num_clients),
-            "alpha": float(alpha),
-            "seed": int(seed),
-            "min_size": int(min_size),
-            "sigma": float(sigma),
-            "num_samples": int(len(labels)),
-            "labels_sha256": labels_sha256(labels),
-        }
-        clients = tuple(_read_only(part) for part in parts)
-        return cls(clients=clients, params=params, content_hash=_content_hash(params, clients))
-
-    @property
-    def sizes(self) -> np.ndarray:
-        """Number of samples per client, int64 [K]."""
-        return np.array([len(indices) for indices in self.clients], dtype=np.int64)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Partition):
-            return NotImplemented
-        return self.content_hash == other.content_hash
-
-    def __hash__(self) -> int:
-        return hash(self.content_hash)
-
-
-def labels_sha256(labels: np.ndarray) -> str:
-    """sha256 of the labels as little-endian int64 bytes (identifies the dataset a partition is for)."""
-    return hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest()
-
-
-def save_partition(partition: Partition, path: str | Path) -> None:
-    """Write `partition` to `path` as one pickle-free .npz, atomically and byte-reproducibly.
-
-    Arrays: ``indices`` (all clients concatenated, int64), ``offsets`` (int64 [K+1]) and
-    ``meta`` (UTF-8 JSON of params and content_hash, as uint8).
-    """
-    path = Path(path)
-    indices = np.concatenate([np.asarray(client, dtype="<i8") for client in partition.clients])
-    offsets = np.concatenate([[0], np.cumsum(partition.sizes)]).astype("<i8")
-    meta = _canonical_json({"params": partition.params, "content_hash": partition.content_hash})
-    payload = io.BytesIO()
-    with zipfile.ZipFile(payload, mode="w", compression=zipfile.ZIP_STORED) as archive:
-        for name, array in zip(_NPZ_ARRAYS, (indices, offsets, np.frombuffer(meta, dtype=np.uint8))):
-            # np.savez's layout, with a fixed timestamp so equal partitions give equal bytes.
-            entry = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_FIXED_DATE_TIME)
-            entry.compress_type = zipfile.ZIP_STORED
-            entry.external_attr = 0o644 << 16
-            with archive.open(entry, mode="w", force_zip64=True) as handle:
-                np.lib.format.write_array(handle, array, allow_pickle=False)
-    atomic_write_bytes(path, payload.getvalue())
-
-
-def load_partition(path: str | Path, *, labels: np.ndarray | None = None) -> Partition:
-    """Read a partition written by save_partition and verify its content hash.
-
-    With `labels`, also check that the partition was made for exactly these labels.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise PartitionError(f"partition file {path} does not exist")
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            missing = set(_NPZ_ARRAYS) - set(archive.files)
-            if missing:
-                raise PartitionError(f"partition file {path} lacks the arrays {', '.join(sorted(missing))}")
-            indices, offsets, meta = (archive[name] for name in _NPZ_ARRAYS)
-        stored = json.loads(meta.tobytes().decode("utf-8"))
-        params, stored_hash = stored["params"], stored["content_hash"]
-    except PartitionError:
-        raise
-    except Exception as error:  # any failure to parse means the file is damaged
-        reason = f"is truncated or not a partition .npz: {error}"
-        raise PartitionError(f"partition file {path} {reason}") from error
-    if (
-        indices.dtype != np.int64
-        or offsets.dtype != np.int64
-        or indices.ndim != 1
-        or offsets.ndim != 1
-        or len(offsets) < 1
-        or offsets[0] != 0
-        or offsets[-1] != len(indices)
-        or np.any(np.diff(offsets) < 0)
-    ):
-        raise PartitionError(f"partition file {path} has inconsistent indices/offsets arrays")
-    clients = tuple(_read_only(indices[start:end].copy()) for start, end in zip(offsets[:-1], offsets[1:]))
-    computed_hash = _content_hash(params, clients)
-    if computed_hash != stored_hash:
-        raise PartitionError(
-            f"partition file {path}: content hash {computed_hash} does not match the stored {stored_hash}"
-        )
-    if labels is not None:
-        given = labels_sha256(_validated_labels(labels))
-        if given != params.get("labels_sha256"):
-            raise PartitionError(
-                f"partition file {path} does not match the dataset: labels sha256 {given} "
-                f"!= the partition's {params.get('labels_sha256')}"
-            )
-    return Partition(clients=clients, params=params, content_hash=stored_hash)
-
-
-def _validated_labels(labels: np.ndarray) -> np.ndarray:
+def validated_labels(labels: np.ndarray) -> np.ndarray:
+    """`labels` as int64 [N]; raises PartitionError unless a non-empty 1-d array of non-negative integers."""
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0:
         raise PartitionError(f"labels must be a non-empty 1-d array, got shape {labels.shape}")
@@ -407,25 +259,5 @@ def _deal_classes(
     return drawn
 
 
-def _content_hash(params: dict[str, Any], clients: tuple[np.ndarray, ...]) -> str:
-    """sha256 over canonical JSON of params, the client sizes and every client's indices."""
-    digest = hashlib.sha256()
-    digest.update(_canonical_json(params))
-    digest.update(np.array([len(c) for c in clients], dtype="<i8").tobytes())
-    for indices in clients:
-        digest.update(np.ascontiguousarray(indices, dtype="<i8").tobytes())
-    return digest.hexdigest()
-
-
-def _canonical_json(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
-
-
 def _sorted_int64(indices: np.ndarray) -> np.ndarray:
     return np.sort(np.asarray(indices, dtype=np.int64))
-
-
-def _read_only(indices: np.ndarray) -> np.ndarray:
-    indices = np.array(indices, dtype=np.int64)
-    indices.setflags(write=False)
-    return indices

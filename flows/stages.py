@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from fedcme_core.checkpoints import atomic_write_bytes, save_checkpoint
-from fedcme_core.data import load_prepared, load_raw, resolve_mirror, save_prepared
+from fedcme_core.data import load_prepared, save_prepared
+from fedcme_core.data_sources import load_raw, resolve_mirror
 from fedcme_core.rounds import (
     completed_rounds,
     experiment_subset,
@@ -36,7 +37,8 @@ from fedcme_core.rounds import (
 from fedcme_core.matching import matching_similarity
 from fedcme_core.metrics import history_csv, split_summary, summarize, with_content_hash
 from fedcme_core.params import ParamsFile, load_params, setting_label
-from fedcme_core.partition import class_counts, save_partition
+from fedcme_core.partition import class_counts
+from fedcme_core.partition_file import save_partition
 
 PARAMS = "params.yaml"
 

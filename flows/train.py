@@ -39,7 +39,7 @@ from fedcme_core.rounds import (
     run_compute_choice,
     run_experiment,
 )
-from fedcme_core.partition import load_partition
+from fedcme_core.partition_file import load_partition
 from fedcme_core.records import round_line
 
 from .tasks import PrefectExecutor, worker_layout

@@ -1,4 +1,4 @@
-"""Tests for fedcme_core.data: mirror loading and verification, normalisation, synthetic data, subsets."""
+"""Tests for fedcme_core.data and fedcme_core.data_sources: mirror loading and verification, normalisation, synthetic data, subsets."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ import pytest
 import torch
 
 from fedcme_core import data as data_module
+from fedcme_core import data_sources
 from fedcme_core.data import (
     DATASETS,
     DataError,
     Dataset,
     SyntheticSpec,
     load_dataset,
-    resolve_mirror,
     subset,
 )
+from fedcme_core.data_sources import resolve_mirror
 
 from .conftest import REPO_ROOT
 
@@ -116,7 +117,7 @@ def test_fmnist_second_load_uses_the_stamp_and_writes_nothing_beside_the_mirror(
     def no_hashing(path: Path, algorithm: str) -> str:
         raise AssertionError(f"{path} was hashed again")
 
-    monkeypatch.setattr(data_module, "_file_digest", no_hashing)
+    monkeypatch.setattr(data_sources, "_file_digest", no_hashing)
     second = load_dataset("fmnist", data_dir=data_dir, mirror=fmnist_mirror_copy)
 
     assert torch.equal(first.y_test, second.y_test)

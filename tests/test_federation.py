@@ -24,7 +24,7 @@ from fedcme_core.rounds import (
     run_experiment,
     shared_server_state,
 )
-from fedcme_core.partition import load_partition
+from fedcme_core.partition_file import load_partition
 
 from .helpers import same_state
 

@@ -12,17 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedcme_core.partition import (
-    Partition,
     PartitionError,
     class_counts,
     dirichlet_label_partition,
     iid_partition,
-    labels_sha256,
-    load_partition,
     lognormal_dirichlet_partition,
     partition_labels,
-    save_partition,
 )
+from fedcme_core.partition_file import Partition, labels_sha256, load_partition, save_partition
 
 METHODS = ("dirichlet", "iid", "lognormal_dirichlet")
 

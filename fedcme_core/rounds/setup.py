@@ -20,8 +20,10 @@ from .. import data as data_module
 from ..algorithms import build_algorithm
 from ..compute import Compute, ComputeChoice
 from ..config import ExperimentConfig, PartitionConfig
+from ..data_sources import resolve_mirror
 from ..models import SplitModel, build_model, resolve_device
-from ..partition import Partition, class_counts, load_partition, save_partition
+from ..partition import class_counts
+from ..partition_file import Partition, load_partition, save_partition
 from ..seeding import derive_seed
 from ..training import FP32
 from . import store
@@ -49,7 +51,7 @@ def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
         dataset = data_module.load_dataset(
             data_config.dataset,
             data_dir=Path(data_config.data_dir),
-            mirror=data_module.resolve_mirror(data_config.mirror),
+            mirror=resolve_mirror(data_config.mirror),
             synthetic=data_module.SyntheticSpec(
                 num_train=synthetic.num_train,
                 num_test=synthetic.num_test,

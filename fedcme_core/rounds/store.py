@@ -29,7 +29,7 @@ from typing import Any
 from ..checkpoints import CheckpointError, atomic_write_bytes, load_checkpoint, save_checkpoint
 from ..compute import ComputeChoice
 from ..config import config_from_dict
-from ..partition import Partition, load_partition
+from ..partition_file import Partition, load_partition
 
 
 class RunError(ValueError):
