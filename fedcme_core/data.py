@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from fedcme_core.checkpoints import atomic_write_bytes
-from fedcme_core.data_sources import RAW_ARRAYS, DataError, load_raw
+from fedcme_core.data_sources import RAW_ARRAYS, RAW_DATASETS, DataError, load_raw
 from fedcme_core.seeding import numpy_rng
 
-DATASETS = ("fmnist", "cifar10", "synthetic")
+DATASETS = (*RAW_DATASETS, "synthetic")  # the official datasets, then the synthetic one
 
 # Training-set channel statistics of pixels/255 (the values used throughout the literature).
 FMNIST_MEAN, FMNIST_STD = (0.2860,), (0.3530,)
