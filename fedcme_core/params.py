@@ -20,16 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from .config import (
-    AlgorithmConfig,
-    ConfigError,
-    ExperimentConfig,
-    ModelConfig,
-    apply_overrides,
-    config_from_dict,
-    format_validation_error,
-    read_yaml,
-)
+from .config import AlgorithmConfig, ExperimentConfig, ModelConfig, config_from_dict, format_validation_error
+from .config_files import ConfigError, apply_overrides, read_yaml
 
 GRID_DATASETS = ("fmnist", "cifar10")
 Dataset = Literal["fmnist", "cifar10"]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedcme_core.config import apply_overrides, config_from_dict
+from fedcme_core.config import config_from_dict
+from fedcme_core.config_files import apply_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

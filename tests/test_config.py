@@ -11,13 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedcme_core.algorithm_configs import ALGORITHM_CONFIGS, ALGORITHM_NAMES, FedCMEConfig, FedProxConfig, MoonConfig
-from fedcme_core.config import (
-    ConfigError,
-    ExperimentConfig,
-    apply_overrides,
-    config_from_dict,
-    load_config,
-)
+from fedcme_core.config import ExperimentConfig, config_from_dict, load_config
+from fedcme_core.config_files import ConfigError, apply_overrides
 
 from .conftest import REPO_ROOT
 
