@@ -136,8 +136,6 @@ class RunnerConfig(Frozen):
     client_tasks: Literal["client", "worker"] = "client"
 
 
-
-
 class ExperimentConfig(Frozen):
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
