@@ -152,9 +152,10 @@ def test_resume_after_a_crash_mid_round_equals_an_uninterrupted_run(tmp_path, sy
     assert same_state(final_model(config, tmp_path / "straight"), final_model(config, tmp_path / "crashed"))
 
 
-def test_moon_resumes_with_the_right_previous_models(tmp_path, synthetic_config):
-    config = synthetic_config({"federation.rounds": 3, "federation.clients_per_round": 5},
-                              algorithm={"name": "moon", "mu": 1.0})
+@pytest.mark.parametrize("algorithm", [{"name": "moon", "mu": 1.0}, {"name": "scaffold"}], ids=["moon", "scaffold"])
+def test_client_state_resumes_with_the_right_rounds(tmp_path, synthetic_config, algorithm):
+    # MOON's previous local models and SCAFFOLD's control variates c_i are kept per client across rounds.
+    config = synthetic_config({"federation.rounds": 3, "federation.clients_per_round": 5}, algorithm=algorithm)
     straight = run_experiment(config, tmp_path / "straight")
 
     with pytest.raises(KeyboardInterrupt):
