@@ -13,8 +13,9 @@ A second record, ``evaluation_layouts``, is the batch and layout sweep behind th
 fed the NCHW test set, as a round's evaluation does, and fed images already laid out) at batches
 64 ... 1024, and per layout the largest batch within 5% of that layout's best (the largest that pays).
 It also times the round's own two calls at 128, 256 and the model's ``inference_batch_size``: the
-test set on every core (``evaluate_step``) and SPEC step 7 (``local_statistics``) on 5,000 training
-images on one thread, both with a channels_last model.
+test set on every core (``evaluate_step``: a batch per core on one thread each, "workers", beside each
+batch split over every core, "threads", as before 2026-12-05) and SPEC step 7
+(``local_statistics``) on 5,000 training images on one thread, both with a channels_last model.
 
     .venv/bin/python bench/evaluation.py [--samples 10000] [--repeats 9] [--quick] [--sweep-repeats 5]
 """
@@ -80,7 +81,7 @@ def training_images(samples: int, real: bool, dataset_name: str) -> tuple[torch.
 
 def round_calls(model_name: str, test: tuple[torch.Tensor, torch.Tensor], train: tuple[torch.Tensor, torch.Tensor],
                 repeats: int) -> dict:
-    """Seconds of the round's test-set evaluation (every core) and step 7 (one thread) at 128, 256 and the model's batch."""
+    """Seconds of the round's test-set evaluation (every core, two ways) and step 7 (one thread) at 128, 256 and the model's batch."""
     layout = Compute(True)
     model = layout.model(build_model(model_name, seed=0))
     client_x, client_y = layout.layout(train[0]), train[1]
@@ -94,8 +95,10 @@ def round_calls(model_name: str, test: tuple[torch.Tensor, torch.Tensor], train:
 
     variants = {}
     for batch in sorted({128, 256, model.inference_batch_size}):
-        variants[f"test set, {common.cores()} threads, batch {batch}"] = on_threads(
+        variants[f"test set, {common.cores()} threads, batch {batch}"] = on_threads(  # before: one batch split over the cores
             common.cores(), lambda b=batch: evaluate(model, *test, 10, batch_size=b))
+        variants[f"test set, {common.cores()} workers, batch {batch}"] = on_threads(  # evaluate_step: a batch per core
+            1, lambda b=batch: evaluate(model, *test, 10, batch_size=b, workers=common.cores()))
         variants[f"step 7, {len(client_y)} images, 1 thread, batch {batch}"] = on_threads(
             1, lambda b=batch: local_statistics(model, client_x, client_y, 10, eval_positions=positions, batch_size=b))
     seconds = common.interleaved(variants, repeats)

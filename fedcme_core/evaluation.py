@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,17 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 @contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with `count` torch intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """Put every submodule in eval mode, restoring each one's previous mode on exit."""
     previous_modes = [(module, module.training) for module in model.modules()]
@@ -70,6 +82,19 @@ def _check_inputs(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
 
 
+def _batch_figures(model: nn.Module, x: torch.Tensor, y: torch.Tensor, start: int, stop: int, num_classes: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy in float64, per-class count, per-class correct) of one batch."""
+    with torch.inference_mode():  # thread-local: entered on the thread that runs the batch
+        inputs = x[start:stop].to(device, non_blocking=True)
+        labels = y[start:stop].to(device, non_blocking=True).long()
+        logits = model(inputs)  # [B, C]
+        loss_sum = F.cross_entropy(logits.double(), labels, reduction="sum")
+        is_correct = logits.argmax(dim=1) == labels  # [B]
+        return (loss_sum, torch.bincount(labels, minlength=num_classes),
+                torch.bincount(labels[is_correct], minlength=num_classes))
+
+
 def evaluate(
     model: nn.Module,
     x: torch.Tensor,
@@ -77,29 +102,39 @@ def evaluate(
     num_classes: int,
     batch_size: int | None = None,
     device: torch.device | str | None = None,
+    workers: int = 1,
 ) -> EvalResult:
     """Accuracy, mean cross-entropy and per-class accuracy of `model` on (x, y).
 
     Batches (default: the model's inference batch) are index slices of the in-memory tensors,
     moved to `device` (default: the model's device). The model is evaluated in eval mode and its
-    previous modes restored.
+    previous modes restored. With `workers` > 1 on a CPU, that many batches run at once, each on
+    one torch thread, and their figures are summed in batch order: the result is the one-thread
+    result bit for bit on every CPU (one GEMM split over several threads may round differently,
+    as MKL's does on AVX-512).
     """
     batch_size = inference_batch_size(model, batch_size)
     _check_inputs(x, y, batch_size)
     target_device = torch.device(device) if device is not None else model_device(model)
     num_samples = len(x)
-    correct_per_class = torch.zeros(num_classes, dtype=torch.int64, device=target_device)
-    count_per_class = torch.zeros(num_classes, dtype=torch.int64, device=target_device)
+    starts = range(0, num_samples, batch_size)
+
+    def figures(start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _batch_figures(model, x, y, start, start + batch_size, num_classes, target_device)
+
+    with eval_mode(model):
+        if workers > 1 and target_device.type == "cpu" and len(starts) > 1:
+            with torch_threads(1), ThreadPoolExecutor(min(workers, len(starts))) as pool:
+                batches = list(pool.map(figures, starts))
+        else:
+            batches = [figures(start) for start in starts]
     loss_sum = torch.zeros((), dtype=torch.float64, device=target_device)
-    with eval_mode(model), torch.inference_mode():
-        for start in range(0, num_samples, batch_size):
-            inputs = x[start : start + batch_size].to(target_device, non_blocking=True)
-            labels = y[start : start + batch_size].to(target_device, non_blocking=True).long()
-            logits = model(inputs)  # [B, C]
-            loss_sum += F.cross_entropy(logits.double(), labels, reduction="sum")
-            is_correct = logits.argmax(dim=1) == labels  # [B]
-            count_per_class += torch.bincount(labels, minlength=num_classes)
-            correct_per_class += torch.bincount(labels[is_correct], minlength=num_classes)
+    count_per_class = torch.zeros(num_classes, dtype=torch.int64, device=target_device)
+    correct_per_class = torch.zeros(num_classes, dtype=torch.int64, device=target_device)
+    for batch_loss, batch_count, batch_correct in batches:  # batch order, as one thread adds them
+        loss_sum += batch_loss
+        count_per_class += batch_count
+        correct_per_class += batch_correct
     counts = count_per_class.cpu().numpy().astype(np.int64)
     corrects = correct_per_class.cpu().numpy().astype(np.int64)
     per_class_accuracy = np.zeros(num_classes, dtype=np.float64)

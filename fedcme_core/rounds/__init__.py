@@ -8,6 +8,7 @@ The names below are the package's public face.
 
 from __future__ import annotations
 
+from ..evaluation import torch_threads
 from .executors import Executor, SerialExecutor, balanced_groups, largest_first, with_retries
 from .loop import run_experiment, run_round
 from .setup import (
@@ -21,7 +22,6 @@ from .setup import (
     resolve_run_compute,
     run_compute,
     run_partition,
-    torch_threads,
 )
 from .steps import (
     aggregate_step,

@@ -6,10 +6,8 @@ partition, so a stage's partition file is the one a run would make itself.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ from ..algorithms import build_algorithm
 from ..compute import Compute, ComputeChoice
 from ..config import ExperimentConfig, PartitionConfig
 from ..data_sources import resolve_mirror
+from ..evaluation import torch_threads
 from ..models import SplitModel, build_model, resolve_device
 from ..partition import class_counts
 from ..partition_file import Partition, load_partition, save_partition
@@ -89,17 +88,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-@contextlib.contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Run the block with `count` torch intra-op threads, then restore the previous count."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def resolve_run_compute(config: ExperimentConfig, num_classes: int) -> ComputeChoice:

@@ -30,7 +30,7 @@ from ..seeding import torch_generator
 from ..training import load_local_run, save_local_run, start_local_run, train_epochs
 from . import store
 from .device import client_data, worker_stream
-from .setup import available_cores, load_experiment_dataset, new_model, run_compute, run_partition, torch_threads
+from .setup import available_cores, load_experiment_dataset, new_model, run_compute, run_partition
 from .store import RunError, RunPaths
 
 
@@ -190,14 +190,13 @@ def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: i
 def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int) -> dict[str, Any]:
     """Test-set accuracy and loss of the aggregated global model w^{t+1}.
 
-    The round's clients have finished, so the evaluation takes every core of its machine
-    (same figures as on one thread: the batches' per-sample results do not depend on it).
+    The round's clients have finished, so the evaluation takes every core of its machine, a batch
+    per core on one thread each (`evaluate`), which gives the one-thread figures on any CPU.
     """
     dataset = load_experiment_dataset(config.data, config.seed)
     model = new_model(config, dataset.num_classes, compute=run_compute(run_dir))
     model.load_state_dict(store.held_aggregate(run_dir, round_index)["model"])
-    with torch_threads(available_cores()):
-        result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes)
+    result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes, workers=available_cores())
     return {"test_accuracy": result.accuracy, "test_loss": result.loss,
             "per_class_accuracy": [float(value) for value in result.per_class_accuracy]}
 
