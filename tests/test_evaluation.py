@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedcme_core.architectures import MODEL_INFERENCE_BATCH
-from fedcme_core.evaluation import INFERENCE_BATCH_SIZE, EvalResult, eval_mode, evaluate
+from fedcme_core.evaluation import INFERENCE_BATCH_SIZE, EvalResult, eval_mode, evaluate, torch_threads
 from fedcme_core.features import local_statistics
 from fedcme_core.models import build_model
 
@@ -99,18 +99,13 @@ def test_workers_give_the_one_thread_figures_bit_for_bit() -> None:
     inside: list[tuple[int, bool]] = []
     model.backbone[0].register_forward_pre_hook(
         lambda module, inputs: inside.append((torch.get_num_threads(), torch.is_inference_mode_enabled())))
-    previous = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one_thread = evaluate(model, x, y, num_classes=10, batch_size=32)
-        torch.set_num_threads(2)
-        inside.clear()
+    inside.clear()
 
+    with torch_threads(2):
         parallel = evaluate(model, x, y, num_classes=10, batch_size=32, workers=2)
-
         assert torch.get_num_threads() == 2  # restored
-    finally:
-        torch.set_num_threads(previous)
     assert inside == [(1, True)] * 10
     assert (parallel.loss, parallel.accuracy) == (one_thread.loss, one_thread.accuracy)
     np.testing.assert_array_equal(parallel.per_class_accuracy, one_thread.per_class_accuracy)
