@@ -15,7 +15,7 @@ import common
 import torch
 import torch.nn.functional as F
 
-from fedcme_core.algorithms.fedcme import AlignmentHooks
+from fedcme_core.algorithms.fedcme import AlignmentHooks, FedCMEConfig
 from fedcme_core.config import TrainingConfig
 from fedcme_core.features import GlobalFeatures
 from fedcme_core.models import MODEL_INPUT_SHAPES, build_model
@@ -52,7 +52,7 @@ def measure(model_name: str, samples: int, batch_size: int, repeats: int) -> dic
     feature_dim = build_model(model_name).feature_dim
     alignment = AlignmentHooks(
         GlobalFeatures(values=torch.randn(10, feature_dim), defined=torch.ones(10, dtype=torch.bool)),
-        mu=0.01, reduction="mean", device=torch.device("cpu"),
+        FedCMEConfig(mu=0.01), device=torch.device("cpu"),
     )
     variants = {
         "bare_pytorch": lambda: bare_loop(build_model(model_name, seed=0), inputs, labels, batch_size, config),

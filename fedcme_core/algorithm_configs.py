@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .frozen import Frozen
 
@@ -44,7 +44,30 @@ class FedCMEConfig(Frozen):
     exchange: Literal["none", "classifier", "extractor", "model"] = "classifier"
     matching: Literal["pairwise", "many_to_one"] = "pairwise"
     eval_fraction: float = Field(0.2, gt=0, le=1)
+    # The open readings of the text (SPEC.md, "Open readings"); defaults are SPEC.md's choices.
+    # align_loss: class_mean, each batch class mean against zeta[c]; sample, each sample against zeta[y_i].
+    align_loss: Literal["class_mean", "sample"] = "class_mean"
+    # Over the d feature dimensions: the mean (F.mse_loss) or the sum (the squared norm).
     align_reduction: Literal["mean", "sum"] = "mean"
+    # The received classifier's momentum at the exchange: reset, or received with it.
+    exchange_optimizer: Literal["reset", "swap"] = "reset"
+    # zeta^{t+1}[c] weighs client k by D_k (samples) or by its count of class c (class_counts).
+    feature_weights: Literal["samples", "class_counts"] = "samples"
+
+    @model_validator(mode="after")
+    def _no_meaningless_options(self) -> FedCMEConfig:
+        # An option that would change nothing is named rather than ignored (a default value is fine).
+        defaults = type(self).model_fields
+        inert = []
+        if self.mu == 0:
+            inert += [(key, "mu = 0 (no alignment)") for key in ("align_loss", "align_reduction", "feature_weights")]
+        if self.exchange == "none":
+            inert += [("exchange_optimizer", "exchange none")]
+        for key, reason in inert:
+            if getattr(self, key) != defaults[key].default:
+                raise ValueError(f"{key}: {getattr(self, key)!r} has no effect with {reason}; leave it at "
+                                 f"{defaults[key].default!r}")
+        return self
 
 
 class ScaffoldConfig(Frozen):

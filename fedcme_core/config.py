@@ -17,10 +17,13 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from .algorithm_configs import ALGORITHM_NAMES, AlgorithmConfig, FedCMEConfig, MoonConfig
+from .algorithm_configs import ALGORITHM_CONFIGS, ALGORITHM_NAMES, AlgorithmConfig, FedCMEConfig, MoonConfig
 from .architectures import MODEL_INPUT_SHAPES
 from .config_files import ConfigError, apply_overrides, read_yaml
 from .frozen import Frozen
+
+
+NUM_CLASSES = 10  # every dataset here (Fashion-MNIST, CIFAR-10, synthetic) has 10 classes
 
 
 class SyntheticConfig(Frozen):
@@ -54,12 +57,24 @@ class DataConfig(Frozen):
 
 
 class PartitionConfig(Frozen):
-    """Label skew + quantity skew: NIID-Bench label-dir by default (SPEC.md, Data)."""
+    """Label skew + quantity skew: NIID-Bench label-dir by default (SPEC.md, Data); or
+    NIID-Bench's #C=k (`labels_per_client`: each client holds exactly k labels)."""
 
-    method: Literal["dirichlet", "iid", "lognormal_dirichlet"] = "dirichlet"
+    method: Literal["dirichlet", "iid", "lognormal_dirichlet", "labels_per_client"] = "dirichlet"
     alpha: float = Field(0.1, gt=0)
     min_size: int = Field(10, ge=1)
     sigma: float = Field(0.3, gt=0)
+    # k of NIID-Bench's noniid-#label{k}; read by method labels_per_client only.
+    labels_per_client: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _labels_per_client_with_its_method(self) -> PartitionConfig:
+        if self.method == "labels_per_client" and self.labels_per_client is None:
+            raise ValueError("labels_per_client: missing; method labels_per_client needs k, the labels each client holds")
+        if self.method != "labels_per_client" and self.labels_per_client is not None:
+            raise ValueError(f"labels_per_client: has no effect with method {self.method}; it is read by method "
+                             "labels_per_client only")
+        return self
 
 
 class FederationConfig(Frozen):
@@ -110,6 +125,9 @@ class TrainingConfig(Frozen):
 
 class ModelConfig(Frozen):
     name: Literal["fmnist_cnn", "cifar_cnn"] = "fmnist_cnn"
+    # The classifier phi: the last linear layer (1, SPEC.md) or the last two (2; "one or two linear
+    # layers" in the paper). The feature theta(x) is then the input of the first of them.
+    classifier_layers: Literal[1, 2] = 1
     # MOON's projection head output size; None: 256 for MOON, no head for the others.
     projection_dim: int | None = Field(None, ge=1)
 
@@ -161,6 +179,16 @@ class ExperimentConfig(Frozen):
                 f"model.name: {self.model.name} expects inputs {expected_shape}, "
                 f"but data.dataset {self.data.dataset} gives {self.input_shape}"
             )
+        partition = self.partition
+        if partition.method == "labels_per_client":
+            if partition.labels_per_client > NUM_CLASSES:
+                raise ValueError(f"partition.labels_per_client: {partition.labels_per_client} exceeds the "
+                                 f"{NUM_CLASSES} classes of {self.data.dataset}")
+            if partition.labels_per_client * self.federation.num_clients < NUM_CLASSES:
+                raise ValueError(
+                    f"partition.labels_per_client: {self.federation.num_clients} clients x "
+                    f"{partition.labels_per_client} labels cannot cover the {NUM_CLASSES} classes"
+                )
         if self.data.dataset == "synthetic" and self.partition.min_size * self.federation.num_clients > self.data.synthetic.num_train:
             raise ValueError(
                 f"partition.min_size: federation.num_clients ({self.federation.num_clients}) x partition.min_size "
@@ -211,6 +239,16 @@ def _format_location(location: tuple) -> str:
     return ".".join(part for part in parts if not re.fullmatch(r"bool|int|float|str|literal\[.*\]", part))
 
 
+def _unknown_key_message(location: tuple) -> str:
+    """"unknown key", or for an algorithm's key that belongs to another algorithm (align_loss under
+    fedavg) which algorithms read it."""
+    if len(location) == 3 and location[0] == "algorithm" and location[1] in ALGORITHM_NAMES:
+        owners = [cls.model_fields["name"].default for cls in ALGORITHM_CONFIGS if location[2] in cls.model_fields]
+        if owners:
+            return f"not an option of {location[1]} (it is read by {', '.join(owners)} only)"
+    return "unknown key"
+
+
 def format_validation_error(error: ValidationError, source: str) -> str:
     """One line: `source: key: reason; key: reason`."""
     messages = []
@@ -218,7 +256,7 @@ def format_validation_error(error: ValidationError, source: str) -> str:
         message = detail["msg"].removeprefix("Value error, ")
         location = _format_location(detail["loc"])
         if detail["type"] == "extra_forbidden":
-            message = "unknown key"
+            message = _unknown_key_message(detail["loc"])
         elif detail["type"] == "missing":
             message = "missing"
         elif detail["type"] == "union_tag_invalid":

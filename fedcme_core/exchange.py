@@ -5,7 +5,8 @@ After floor(E/2) local epochs, counterparts k and j swap classifiers (Algorithm 
     w_k = (theta_k, phi_j),   w_j = (theta_j, phi_k)
 
 The ablations swap the feature extractor theta or the whole model instead. The optimizer
-state (momentum) of the received parameters is reset; the rest is kept (SPEC.md choice).
+state (momentum) of the received parameters is reset and the rest is kept (SPEC.md choice,
+``exchange_optimizer: reset``), or received with them from the donor (``swap``).
 Receivers are computed from the donors' phase-1 checkpoints, all read before any is
 written, so many-to-one matching (one donor, several receivers) is well defined. A donor
 whose phase-1 model holds non-finite values gives nothing (its receiver trains on with its
@@ -62,13 +63,29 @@ def reset_optimizer_state(optimizer_state: dict[str, Any], parameter_names: list
     }
 
 
+def receive_optimizer_state(receiver: dict[str, Any], donor: Mapping[str, Any], parameter_names: list[str],
+                            received: set[str], mode: Literal["reset", "swap"] = "reset") -> dict[str, Any]:
+    """The receiver's SGD state dict after receiving the parameters named in `received`: their
+    momentum dropped (`reset`) or taken from the donor's state dict (`swap`); the rest is the
+    receiver's. Both state dicts index the same `parameter_names`."""
+    if mode == "reset":
+        return reset_optimizer_state(receiver, parameter_names, received)
+    if mode != "swap":
+        raise ValueError(f"algorithm.exchange_optimizer: unknown mode {mode!r}; choose reset or swap")
+    kept = reset_optimizer_state(receiver, parameter_names, received)
+    taken = {index: value for index, value in donor["state"].items() if parameter_names[index] in received}
+    return {**kept, "state": dict(sorted({**kept["state"], **taken}.items()))}
+
+
 def exchange_checkpoints(
-    swap_checkpoints: Mapping[int, Path], donors: Mapping[int, int], part: ExchangePart, destinations: Mapping[int, Path]
+    swap_checkpoints: Mapping[int, Path], donors: Mapping[int, int], part: ExchangePart, destinations: Mapping[int, Path],
+    optimizer: Literal["reset", "swap"] = "reset",
 ) -> list[int]:
     """SPEC step 5 (the barrier): each receiver's phase-2 start checkpoint gets its donor's `part`.
 
     `swap_checkpoints` maps client -> phase-1 checkpoint, `donors` receiver -> donor,
-    `destinations` receiver -> where its phase-2 start checkpoint goes. Sources are never
+    `destinations` receiver -> where its phase-2 start checkpoint goes, `optimizer` what becomes of
+    the received parameters' momentum (:func:`receive_optimizer_state`). Sources are never
     overwritten, so the exchange can be repeated after a crash. Returns the receivers that
     received (those whose donor's model is finite).
     """
@@ -82,6 +99,8 @@ def exchange_checkpoints(
         payload = payloads[receiver]
         model_state = receive_part(payload["model"], payloads[donor]["model"], part)
         received = set(exchanged_keys(list(payload["model"]), part))
-        optimizer = reset_optimizer_state(payload["optimizer"], payload["parameter_names"], received)
-        save_checkpoint({**payload, "model": model_state, "optimizer": optimizer, "received_from": donor}, destinations[receiver])
+        optimizer_state = receive_optimizer_state(payload["optimizer"], payloads[donor]["optimizer"],
+                                                  payload["parameter_names"], received, optimizer)
+        save_checkpoint({**payload, "model": model_state, "optimizer": optimizer_state, "received_from": donor},
+                        destinations[receiver])
     return received_by

@@ -3,6 +3,11 @@
 Nie et al., "FedCME", arXiv:2307.08574, Eqs. 5-9 (SPEC steps 7, 8, 9):
 zeta_k[c] = mean_{x in D_k,c} theta_k(x);  zeta[c] = sum_k (D_k / sum_j D_j) zeta_k[c];
 L = CE(w(x), y) + mu * mean_{c in B, d} (mean_{i in B_c} theta(x_i) - zeta[c])^2.
+
+The text leaves two of these open (SPEC.md, "Open readings"): the loss may compare each sample's
+feature rather than each class's batch mean (``align_loss: sample``,
+L2 = mean_{i in B} reduce_d (theta(x_i) - zeta[y_i])^2), and zeta may weigh client k by its count
+of class c rather than by D_k (``feature_weights: class_counts``).
 """
 
 from __future__ import annotations
@@ -134,13 +139,19 @@ class GlobalFeatures:
 def aggregate_global_features(
     uploads: Sequence[tuple[torch.Tensor, torch.Tensor, float]],
     previous: GlobalFeatures | None,
+    weights: Literal["samples", "class_counts"] = "samples",
 ) -> GlobalFeatures:
-    """SPEC step 8: D_k-weighted mean of the clients' class features, with memory.
+    """SPEC step 8: the weighted mean of the clients' class features, with memory.
 
-    `uploads` holds (means [C, d], counts [C], D_k) per client. A client lacking class c
-    (count 0) contributes the previous global value zeta^t[c] when that is defined, and
-    nothing otherwise; weights are renormalised over the clients with a value for c.
+    `uploads` holds (means [C, d], counts [C], D_k) per client. With `weights="samples"`, client
+    k weighs D_k for every class, and a client lacking class c (count 0) contributes the previous
+    global value zeta^t[c] when that is defined, and nothing otherwise; weights are renormalised
+    over the clients with a value for c. With `weights="class_counts"`, client k weighs n_k[c],
+    so a client lacking c has no weight for it, and the memory zeta^t[c] stands in only for a
+    class that no uploading client holds **(choice)**.
     """
+    if weights not in ("samples", "class_counts"):
+        raise ValueError(f"feature weights must be 'samples' or 'class_counts', got {weights!r}")
     if not uploads:
         raise ValueError("no uploads to aggregate")
     num_classes, dim = uploads[0][0].shape
@@ -166,18 +177,24 @@ def aggregate_global_features(
             )
         if not weight > 0:
             raise ValueError(f"client weights must be positive, got {weight}")
-        holds_class = counts.detach().cpu() > 0  # [C]
-        # Memory mechanism: the previous global feature stands in for a missing class.
-        client_values = torch.where(
-            holds_class.unsqueeze(1), means.detach().cpu().double(), previous_values
-        )  # [C, d]
-        has_value = holds_class | previous_defined  # [C]
-        class_weights = has_value.double() * float(weight)  # [C]
+        counts = counts.detach().cpu()
+        holds_class = counts > 0  # [C]
+        if weights == "class_counts":
+            class_weights = counts.double()  # [C]: n_k[c]
+            client_values = means.detach().cpu().double()  # [C, d]
+        else:
+            # Memory mechanism: the previous global feature stands in for a missing class.
+            client_values = torch.where(
+                holds_class.unsqueeze(1), means.detach().cpu().double(), previous_values
+            )  # [C, d]
+            class_weights = (holds_class | previous_defined).double() * float(weight)  # [C]: D_k
         weighted_sum += class_weights.unsqueeze(1) * client_values
         weight_sum += class_weights
-    defined = weight_sum > 0  # [C]
-    values = weighted_sum / weight_sum.clamp(min=torch.finfo(torch.float64).tiny).unsqueeze(1)
-    return GlobalFeatures(values=values.float(), defined=defined)
+    values = weighted_sum / weight_sum.clamp(min=torch.finfo(torch.float64).tiny).unsqueeze(1)  # [C, d]
+    # A class with no weight this round keeps its memory (with D_k weights it already has it).
+    kept = (weight_sum == 0) & previous_defined  # [C]
+    values = torch.where(kept.unsqueeze(1), previous_values, values)
+    return GlobalFeatures(values=values.float(), defined=(weight_sum > 0) | previous_defined)
 
 
 def alignment_loss(
@@ -185,15 +202,22 @@ def alignment_loss(
     labels: torch.Tensor,
     global_features: GlobalFeatures,
     reduction: Literal["mean", "sum"] = "mean",
+    loss: Literal["class_mean", "sample"] = "class_mean",
 ) -> torch.Tensor | None:
-    """SPEC step 9: L2 between batch class means of `features` and the global features.
+    """SPEC step 9: L2 between `features` [B, d] and the global features, None when no sample's
+    class has a global feature. Gradients flow into `features` only.
 
-    Over the classes present in the batch whose global feature is defined:
-    `F.mse_loss(batch_class_means, zeta[classes], reduction=reduction)`. None when no
-    class qualifies. Gradients flow into `features` only.
+    `loss="class_mean"`: over the classes present in the batch whose global feature is defined,
+    `F.mse_loss(batch_class_means, zeta[classes], reduction=reduction)` (the squared difference
+    averaged, or summed, over classes and dimensions). `loss="sample"`: the mean over the samples i
+    whose class has zeta of sum_d or mean_d (`reduction`) of (theta(x_i) - zeta[y_i])^2.
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    if loss == "sample":
+        return sample_alignment_loss(features, labels, global_features, reduction)
+    if loss != "class_mean":
+        raise ValueError(f"align_loss must be 'class_mean' or 'sample', got {loss!r}")
     num_classes = global_features.values.shape[0]
     defined = global_features.defined.to(features.device)  # [C]
     one_hot = F.one_hot(labels.to(features.device).long(), num_classes).to(features.dtype)  # [B, C]
@@ -206,3 +230,20 @@ def alignment_loss(
     batch_class_means = class_sums / class_counts[classes].unsqueeze(1)  # [Q, d]
     targets = global_features.values.to(features.device, features.dtype)[classes].detach()  # [Q, d]
     return F.mse_loss(batch_class_means, targets, reduction=reduction)
+
+
+def sample_alignment_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    global_features: GlobalFeatures,
+    reduction: Literal["mean", "sum"] = "mean",
+) -> torch.Tensor | None:
+    """`align_loss: sample`: mean_{i: zeta[y_i] defined} reduce_d (theta(x_i) - zeta[y_i])^2."""
+    labels = labels.to(features.device).long()  # [B]
+    qualifies = global_features.defined.to(features.device)[labels]  # [B]
+    if not bool(qualifies.any()):
+        return None
+    targets = global_features.values.to(features.device, features.dtype)[labels[qualifies]].detach()  # [Q, d]
+    squared = (features[qualifies] - targets).square()  # [Q, d]
+    per_sample = squared.mean(dim=1) if reduction == "mean" else squared.sum(dim=1)  # [Q]
+    return per_sample.mean()

@@ -149,8 +149,8 @@ def with_content_hash(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 # What names an experiment and its grid cell (text, and settings rather than results); the
 # content hash goes with them. Everything else of a summary is a result, a number.
-ABOUT_KEYS = ("experiment", "method", "method_name", "setting", "group", "dataset", "alpha", "num_clients",
-              "clients_per_round", "local_epochs", "seed", "final_window", "target_accuracy", HASH_KEY)
+ABOUT_KEYS = ("experiment", "method", "method_name", "setting", "group", "dataset", "partition", "alpha",
+              "num_clients", "clients_per_round", "local_epochs", "seed", "final_window", "target_accuracy", HASH_KEY)
 
 
 def split_summary(entry: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

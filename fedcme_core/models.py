@@ -11,6 +11,13 @@ and names its classifier parameters ``classifier.*``. MOON's variant inserts a p
 head (linear d->d, ReLU, linear d->p) between the backbone and the classifier, as in
 MOON's official code; the projection is then part of theta and the classifier reads the
 p-dimensional projection.
+
+The paper's classifiers are "one or two linear layers" (``model.classifier_layers``). With two,
+the backbone's last linear layer and its ReLU move into phi (cifar_cnn: theta ends at the 120-d
+layer and phi is 120 -> 84 -> 10; fmnist_cnn: theta ends at the 1024-d flatten and phi is
+1024 -> 512 -> 10). The function and the initial weights are those of one layer (the same layers,
+built in the same order); only the split, and so what is exchanged and aligned, moves. With MOON's
+head, phi's first layer reads the projection: p -> h -> C, h the moved layer's width.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ class SplitModel(nn.Module):
     is the batch of its no-grad passes (:data:`fedcme_core.architectures.MODEL_INFERENCE_BATCH`)."""
 
     def __init__(self, backbone: nn.Module, backbone_dim: int, num_classes: int, projection_dim: int | None = None,
-                 inference_batch_size: int | None = None):
+                 inference_batch_size: int | None = None, hidden: nn.Linear | None = None):
         super().__init__()
         self.backbone = backbone
         self.inference_batch_size = inference_batch_size
@@ -43,7 +50,12 @@ class SplitModel(nn.Module):
                 nn.Linear(backbone_dim, backbone_dim), nn.ReLU(), nn.Linear(backbone_dim, projection_dim)
             )
             self.feature_dim = projection_dim
-        self.classifier = nn.Linear(self.feature_dim, num_classes)
+        if hidden is None:  # phi = one linear layer: d -> C
+            self.classifier: nn.Module = nn.Linear(self.feature_dim, num_classes)
+        else:  # phi = two linear layers: d -> h -> C (`hidden` is d -> h, moved out of the backbone)
+            if hidden.in_features != self.feature_dim:
+                hidden = nn.Linear(self.feature_dim, hidden.out_features)
+            self.classifier = nn.Sequential(hidden, nn.ReLU(), nn.Linear(hidden.out_features, num_classes))
         self.num_classes = num_classes
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,21 +100,36 @@ def _cifar_backbone() -> tuple[nn.Module, int]:
 _BACKBONES = {"fmnist_cnn": _fmnist_backbone, "cifar_cnn": _cifar_backbone}
 
 
-def build_model(name: str, num_classes: int = 10, projection_dim: int | None = None, seed: int | None = None) -> SplitModel:
-    """Build a model by name; with `seed`, its initial weights are a function of the seed alone."""
+def build_model(name: str, num_classes: int = 10, projection_dim: int | None = None, seed: int | None = None,
+                classifier_layers: int = 1) -> SplitModel:
+    """Build a model by name; with `seed`, its initial weights are a function of the seed alone.
+    `classifier_layers` (1 or 2) is how many of the last linear layers form the classifier phi."""
     if name not in _BACKBONES:
         raise ValueError(f"model.name: unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    if classifier_layers not in (1, 2):
+        raise ValueError(f"model.classifier_layers: {classifier_layers!r}; choose 1 or 2")
     fork_devices: list = []
     with torch.random.fork_rng(devices=fork_devices, enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
         backbone, backbone_dim = _BACKBONES[name]()
-        return SplitModel(backbone, backbone_dim, num_classes, projection_dim, MODEL_INFERENCE_BATCH[name])
+        hidden = None
+        if classifier_layers == 2:
+            # The backbone ends [..., Linear(h_in, h), ReLU]: that Linear becomes phi's first layer.
+            *kept, hidden, _ = list(backbone)
+            backbone, backbone_dim = nn.Sequential(*kept), hidden.in_features
+        return SplitModel(backbone, backbone_dim, num_classes, projection_dim, MODEL_INFERENCE_BATCH[name], hidden)
 
 
 def is_classifier_key(key: str) -> bool:
     """True for the state-dict keys of phi (the classifier)."""
     return key.startswith(CLASSIFIER_PREFIX)
+
+
+def parameter_split(model: nn.Module) -> tuple[int, int]:
+    """(parameters of theta, parameters of phi): what stays and what an exchange of phi moves."""
+    classifier = sum(p.numel() for name, p in model.named_parameters() if is_classifier_key(name))
+    return sum(p.numel() for p in model.parameters()) - classifier, classifier
 
 
 def classifier_keys(state: dict) -> list[str]:

@@ -7,7 +7,9 @@ group), ``datasets`` (the model of each dataset), ``grid`` and ``ablation`` (the
 composed experiment config is validated too, so that a typo anywhere (``gird:`` for ``grid:``,
 ``methods.fedprox.mu`` as ``mu_``) is one line naming the file and the key, before anything
 trains or writes. :func:`load_params` reads and validates a file; :meth:`ParamsFile.cell_config`
-is the experiment config of one grid cell, the one the DVC train stage runs.
+is the experiment config of one grid cell (method, dataset, partition tag, K, M, seed), the one the
+DVC train stage runs: `base`, then the partition tag (:mod:`fedcme_core.partition_tags`), the grid
+dimensions, the method's algorithm, ``datasets.<d>``, and last the method's ``setup``.
 """
 
 from __future__ import annotations
@@ -20,17 +22,44 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from .config import AlgorithmConfig, ExperimentConfig, ModelConfig, config_from_dict, format_validation_error
+from .config import (
+    AlgorithmConfig,
+    ExperimentConfig,
+    ModelConfig,
+    PartitionConfig,
+    config_from_dict,
+    format_validation_error,
+)
 from .config_files import ConfigError, apply_overrides, read_yaml
+from .partition_tags import check_tag_for_method, parse_partition_tag, partition_label, partition_overrides
 
 GRID_DATASETS = ("fmnist", "cifar10")
 Dataset = Literal["fmnist", "cifar10"]
 DATASET_LABELS = {"fmnist": "FMNIST", "cifar10": "CIFAR-10", "synthetic": "Synthetic"}
 
 
-def setting_label(dataset: str, alpha: float, clients: int, per_round: int) -> str:
-    """"CIFAR-10 α=0.5 K=10 M=10": a grid setting as the report names it."""
-    return f"{DATASET_LABELS.get(dataset, dataset)} α={alpha} K={clients} M={per_round}"
+# What `methods.<name>.setup` may not set: the grid's dimensions (and anything under them).
+GRID_KEYS = ("seed", "data.dataset", "partition", "federation.num_clients", "federation.clients_per_round")
+
+
+def setting_label(dataset: str, partition: str, clients: int, per_round: int) -> str:
+    """"CIFAR-10 α=0.5 K=10 M=10" / "CIFAR-10 #C=2 K=10 M=10": a grid setting as the report names it."""
+    return f"{DATASET_LABELS.get(dataset, dataset)} {partition_label(partition)} K={clients} M={per_round}"
+
+
+def _under(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == prefix or key.startswith(f"{prefix}.") for prefix in prefixes)
+
+
+def _setup_key_problem(key: str, value: Any) -> str | None:
+    """Why `key` may not be a `setup` override, or None when it may."""
+    if _under(key, GRID_KEYS):
+        return "a grid dimension; the grid and ablation sections set it"
+    if _under(key, ("algorithm",)):
+        return "the method's algorithm; write it in the method itself (methods.<name>.mu), not in setup"
+    if isinstance(value, Mapping):
+        return "give each key dotted (training.local_epochs: 4), not a whole section"
+    return None
 
 
 class _Section(BaseModel):
@@ -38,31 +67,53 @@ class _Section(BaseModel):
 
 
 class MethodEntry(_Section):
-    """`methods.<name>`: an algorithm section plus its display label and report group."""
+    """`methods.<name>`: an algorithm section plus its display label, report group and `setup`, the
+    dotted experiment-config overrides of its cells (``{training.local_epochs: 4}``), applied last."""
 
     label: str | None = None
     group: Literal["main", "ablation"] = "main"
+    setup: dict[str, Any] = {}
     algorithm: AlgorithmConfig
 
     @model_validator(mode="before")
     @classmethod
     def _split(cls, values: Any) -> Any:
-        # The file writes {name: fedprox, mu: 0.01, label: ...}: label and group are ours, the rest the algorithm's.
+        # The file writes {name: fedprox, mu: 0.01, label: ...}: label, group and setup are ours,
+        # the rest the algorithm's.
         if not isinstance(values, Mapping):
             return values
         rest = dict(values)
-        entry = {key: rest.pop(key) for key in ("label", "group") if key in rest}
+        entry = {key: rest.pop(key) for key in ("label", "group", "setup") if key in rest}
         return {**entry, "algorithm": rest}
+
+    @field_validator("setup")
+    @classmethod
+    def _no_grid_keys(cls, setup: dict[str, Any]) -> dict[str, Any]:
+        for key, value in setup.items():
+            problem = _setup_key_problem(key, value)
+            if problem is not None:
+                raise ValueError(f"{key}: {problem}")
+        return setup
 
 
 class GridSection(_Section):
-    """The settings of a grid: datasets x alphas x (K, M) pairs x seeds, for each method."""
+    """The settings of a grid: datasets x partitions (tags: a0.1, c2) x (K, M) pairs x seeds, for each method."""
 
     datasets: list[Dataset] = Field(min_length=1)
-    alphas: list[float] = Field(min_length=1)
+    partitions: list[str] = Field(min_length=1, description="partition tags: a<alpha> or c<k>")
     clients: list[tuple[int, int]] = Field(min_length=1, description="(K, M) pairs")
     seeds: list[int] = Field(min_length=1)
     methods: list[str] = Field(min_length=1)
+
+    @field_validator("partitions", mode="before")
+    @classmethod
+    def _partition_tags(cls, tags: Any) -> Any:
+        if isinstance(tags, list):
+            for index, tag in enumerate(tags):
+                parse_partition_tag(tag)
+                if tag in tags[:index]:
+                    raise ValueError(f"{tag!r} given twice")
+        return tags
 
     @model_validator(mode="after")
     def _distinct_client_counts(self) -> GridSection:
@@ -72,14 +123,14 @@ class GridSection(_Section):
             raise ValueError(f"clients: K must differ between (K, M) pairs, got {[list(pair) for pair in self.clients]}")
         return self
 
-    def cells(self) -> Iterator[tuple[str, str, float, int, int, int]]:
-        """(method, dataset, alpha, K, M, seed) of every experiment, in dvc.yaml's matrix order."""
-        for method, dataset, alpha, (clients, per_round), seed in itertools.product(
-            self.methods, self.datasets, self.alphas, self.clients, self.seeds
+    def cells(self) -> Iterator[tuple[str, str, str, int, int, int]]:
+        """(method, dataset, partition tag, K, M, seed) of every experiment, in dvc.yaml's matrix order."""
+        for method, dataset, partition, (clients, per_round), seed in itertools.product(
+            self.methods, self.datasets, self.partitions, self.clients, self.seeds
         ):
-            yield method, dataset, alpha, clients, per_round, seed
+            yield method, dataset, partition, clients, per_round, seed
 
-    def settings(self) -> set[tuple[str, float, int, int, int]]:
+    def settings(self) -> set[tuple[str, str, int, int, int]]:
         return {cell[1:] for cell in self.cells()}
 
 
@@ -98,11 +149,17 @@ class PublishedFigure(_Section):
 
     method: str = Field(description="a key of `methods`")
     dataset: Dataset
-    alpha: float = Field(gt=0)
+    partition: str = Field(description="a partition tag of the grid: a<alpha> or c<k>")
     clients: tuple[int, int] = Field(description="(K, M)")
     measure: Literal[PUBLISHED_MEASURES] = "final_accuracy"  # type: ignore[valid-type]
     accuracy: float = Field(le=100, description="in percent")
     source: str = Field(min_length=1, description="where it was published, and how it was measured")
+
+    @field_validator("partition")
+    @classmethod
+    def _partition_tag(cls, tag: str) -> str:
+        parse_partition_tag(tag)
+        return tag
 
     @field_validator("accuracy")
     @classmethod
@@ -112,8 +169,8 @@ class PublishedFigure(_Section):
         return value
 
     @property
-    def setting(self) -> tuple[str, float, int, int]:
-        return self.dataset, self.alpha, *self.clients
+    def setting(self) -> tuple[str, str, int, int]:
+        return self.dataset, self.partition, *self.clients
 
     @property
     def setting_label(self) -> str:
@@ -142,6 +199,11 @@ class ParamsFile(_Section):
         for section, grid in (("grid", self.grid), ("ablation", self.ablation)):
             if grid is None:
                 continue
+            for tag in grid.partitions:
+                try:
+                    check_tag_for_method(tag, self.base.partition.method)
+                except ValueError as error:
+                    raise ValueError(f"{section}.partitions: {error}") from None
             unknown = [method for method in grid.methods if method not in self.methods]
             if unknown:
                 raise ValueError(f"{section}.methods: {', '.join(unknown)} not defined in methods "
@@ -155,7 +217,7 @@ class ParamsFile(_Section):
         for index, figure in enumerate(self.report.published):
             if (figure.method, *figure.setting) not in trained:
                 raise ValueError(f"report.published.{index}: no grid or ablation run of {figure.method} in "
-                                 f"{figure.dataset} alpha={figure.alpha} K={figure.clients[0]} M={figure.clients[1]} "
+                                 f"{figure.dataset} {figure.partition} K={figure.clients[0]} M={figure.clients[1]} "
                                  "to set beside it")
         dotted = [name for name in self.methods if "." in name]
         if dotted:
@@ -166,21 +228,34 @@ class ParamsFile(_Section):
     def raw_base(self) -> dict[str, Any]:
         return self.base.model_dump(mode="json")
 
-    def cell_overrides(self, method: str, dataset: str, alpha: float, clients: int, per_round: int, seed: int,
+    def partition_config(self, partition: str) -> PartitionConfig:
+        """`base.partition` with a partition tag's overrides: what the partition stage partitions by."""
+        try:
+            check_tag_for_method(partition, self.base.partition.method)
+            fields = {key.removeprefix("partition."): value for key, value in partition_overrides(partition).items()}
+            return PartitionConfig.model_validate({**self.base.partition.model_dump(), **fields})
+        except ValidationError as error:
+            raise ConfigError(format_validation_error(error, f"partition {partition}")) from None
+        except ValueError as error:
+            raise ConfigError(f"partition: {error}") from None
+
+    def cell_overrides(self, method: str, dataset: str, partition: str, clients: int, per_round: int, seed: int,
                        prepared_dir: str | None = None) -> dict[str, Any]:
-        """The dotted overrides that turn `base` into the config of one grid cell."""
+        """The dotted overrides that turn `base` into the config of one grid cell: the grid's dimensions,
+        the method's algorithm, the dataset's model, then the method's `setup`."""
         if method not in self.methods:
             raise ConfigError(f"methods.{method}: not defined (known: {', '.join(sorted(self.methods))})")
         model = self.datasets.get(dataset)
         overrides: dict[str, Any] = {
             "seed": seed,
             "data.dataset": dataset,
-            "partition.alpha": alpha,
+            **partition_overrides(partition),
             "federation.num_clients": clients,
             "federation.clients_per_round": per_round,
             "algorithm": self.methods[method].algorithm.model_dump(mode="json"),
             **({f"model.{key}": value for key, value in model.model_dump(mode="json", exclude_unset=True).items()}
                if model is not None else {}),
+            **self.methods[method].setup,
         }
         if prepared_dir is not None:
             overrides["data.prepared_dir"] = prepared_dir
@@ -197,7 +272,7 @@ class ParamsFile(_Section):
             return config
         return config.model_copy(update={"data": config.data.model_copy(update={"prepared_dir": prepared_dir})})
 
-    def all_cells(self) -> Iterator[tuple[str, str, float, int, int, int]]:
+    def all_cells(self) -> Iterator[tuple[str, str, str, int, int, int]]:
         yield from self.grid.cells()
         if self.ablation is not None:
             yield from self.ablation.cells()
@@ -228,8 +303,8 @@ def params_from_dict(values: Any, source: str = "params") -> ParamsFile:
     except ValidationError as error:
         raise ConfigError(_format_params_location(error, source)) from None
     for cell in params.all_cells():
-        method, dataset, alpha, clients, per_round, seed = cell
-        params.cell_config(*cell, source=f"{source} [grid cell {method} {dataset} alpha={alpha} "
+        method, dataset, partition, clients, per_round, seed = cell
+        params.cell_config(*cell, source=f"{source} [grid cell {method} {dataset} {partition} "
                                          f"K={clients} M={per_round} seed={seed}]")
     return params
 

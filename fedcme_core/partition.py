@@ -12,6 +12,11 @@ numpy Generator, ``numpy_rng(seed, "partition")``. Methods:
   holds >= min_size samples. A draw in which every still-open client got p_k == 0
   (floating-point underflow at tiny alpha) counts as a failed attempt **(choice)**.
 * ``iid``: a seeded shuffle of all indices cut into K near-equal parts.
+* ``labels_per_client`` (NIID-Bench's ``noniid-#label{k}``, "#C=k"): client i holds label
+  i mod C and k-1 other distinct labels drawn uniformly; each label's indices are shuffled and
+  split evenly (``np.array_split``) among the clients holding it, in client order. With k = C
+  every client holds every label. When K < C the label sets are drawn again until every label
+  is held (NIID-Bench's "reselect"); with K >= C the first labels already cover them all.
 * ``lognormal_dirichlet`` (FedLab's "unbalanced dirichlet"): client sizes ~
   LogNormal(log(N/K), sigma) scaled to sum to N, each client has a Dir(alpha) class prior,
   and samples are dealt one at a time: clients come in a seeded random order (a shuffled
@@ -32,8 +37,8 @@ import numpy as np
 
 from fedcme_core.seeding import numpy_rng
 
-PartitionMethod = Literal["dirichlet", "iid", "lognormal_dirichlet"]
-PARTITION_METHODS: tuple[str, ...] = ("dirichlet", "iid", "lognormal_dirichlet")
+PartitionMethod = Literal["dirichlet", "iid", "lognormal_dirichlet", "labels_per_client"]
+PARTITION_METHODS: tuple[str, ...] = ("dirichlet", "iid", "lognormal_dirichlet", "labels_per_client")
 
 
 class PartitionError(ValueError):
@@ -125,6 +130,48 @@ def lognormal_dirichlet_partition(
     return [_sorted_int64(part) for part in np.split(assigned[owner_order], boundaries)]
 
 
+def client_label_sets(num_clients: int, num_classes: int, labels_per_client: int, rng: np.random.Generator,
+                      max_attempts: int = 1000) -> list[np.ndarray]:
+    """#C=k: client i's labels, i mod C first, then k-1 distinct others uniformly, drawn again
+    until every label is held (see module doc)."""
+    if not _is_int(labels_per_client) or not 1 <= labels_per_client <= num_classes:
+        raise PartitionError(f"labels_per_client={labels_per_client!r} must be an int in 1..{num_classes} (the classes)")
+    if num_clients * labels_per_client < num_classes:
+        raise PartitionError(f"{num_clients} clients x {labels_per_client} labels cannot cover the {num_classes} classes")
+    for _ in range(max_attempts):
+        sets = []
+        for client in range(num_clients):
+            first = client % num_classes
+            others = np.delete(np.arange(num_classes), first)
+            sets.append(np.sort(np.concatenate([[first], rng.choice(others, labels_per_client - 1, replace=False)])))
+        if len(np.unique(np.concatenate(sets))) == num_classes:
+            return [label_set.astype(np.int64) for label_set in sets]
+    raise PartitionError(f"labels_per_client: no draw of {num_clients} clients x {labels_per_client} labels covered "
+                         f"all {num_classes} classes in {max_attempts} attempts")
+
+
+def labels_per_client_partition(labels: np.ndarray, num_clients: int, labels_per_client: int, seed: int,
+                                min_size: int = 10) -> list[np.ndarray]:
+    """NIID-Bench's #C=k partition of `labels` over `num_clients` clients (see module doc)."""
+    labels = validated_labels(labels)
+    _validate_arguments(len(labels), num_clients, 1.0, min_size)
+    rng = numpy_rng(seed, "partition")
+    class_indices = _indices_by_class(labels)
+    label_sets = client_label_sets(num_clients, len(class_indices), labels_per_client, rng)
+    chunks: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for label, indices_of_class in enumerate(class_indices):
+        holders = [client for client, label_set in enumerate(label_sets) if label in label_set]
+        shuffled = indices_of_class.copy()
+        rng.shuffle(shuffled)
+        for client, part in zip(holders, np.array_split(shuffled, len(holders))):
+            chunks[client].append(part)
+    parts = [_sorted_int64(np.concatenate(client_chunks)) for client_chunks in chunks]
+    smallest = min(len(part) for part in parts)
+    if smallest < min_size:
+        raise PartitionError(f"labels_per_client: a client holds {smallest} samples, fewer than min_size={min_size}")
+    return parts
+
+
 def partition_labels(
     labels: np.ndarray,
     *,
@@ -134,10 +181,16 @@ def partition_labels(
     seed: int,
     min_size: int = 10,
     sigma: float = 0.3,
+    labels_per_client: int | None = None,
 ) -> list[np.ndarray]:
-    """Partition `labels` over `num_clients` clients with `method` (one of PARTITION_METHODS)."""
+    """Partition `labels` over `num_clients` clients with `method` (one of PARTITION_METHODS);
+    `labels_per_client` is k of method labels_per_client."""
     labels = validated_labels(labels)
     _validate_arguments(len(labels), num_clients, alpha, min_size)
+    if method == "labels_per_client":
+        if labels_per_client is None:
+            raise PartitionError("method labels_per_client needs labels_per_client (k)")
+        return labels_per_client_partition(labels, num_clients, labels_per_client, seed, min_size)
     if method == "dirichlet":
         return dirichlet_label_partition(labels, num_clients, alpha, seed, min_size)
     if method == "iid":

@@ -30,7 +30,8 @@ class Partition:
     """A partition with the parameters that made it and a hash of its content.
 
     `clients[k]` holds client k's sample indices (read-only, sorted, int64). `params` has
-    method, num_clients, alpha, seed, min_size, sigma, num_samples and labels_sha256.
+    method, num_clients, alpha, seed, min_size, sigma, num_samples and labels_sha256 (with
+    labels_per_client instead of alpha for that method).
     Two partitions are equal when their content hashes are.
     """
 
@@ -49,6 +50,7 @@ class Partition:
         seed: int,
         min_size: int = 10,
         sigma: float = 0.3,
+        labels_per_client: int | None = None,
     ) -> Partition:
         """Partition `labels` (same arguments as partition_labels) and record how."""
         labels = validated_labels(labels)
@@ -60,16 +62,19 @@ class Partition:
             seed=seed,
             min_size=min_size,
             sigma=sigma,
+            labels_per_client=labels_per_client,
         )
         params = {
             "method": str(method),
             "num_clients": int(num_clients),
-            "alpha": float(alpha),
+            **({} if method == "labels_per_client" else {"alpha": float(alpha)}),
             "seed": int(seed),
             "min_size": int(min_size),
             "sigma": float(sigma),
             "num_samples": int(len(labels)),
             "labels_sha256": labels_sha256(labels),
+            # Only where read, so that the other methods' params (and content hashes) stay as they were.
+            **({"labels_per_client": int(labels_per_client)} if method == "labels_per_client" else {}),
         }
         clients = tuple(_read_only(part) for part in parts)
         return cls(clients=clients, params=params, content_hash=_content_hash(params, clients))

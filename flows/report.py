@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcme_core.checkpoints import atomic_write_bytes
-from fedcme_core.params import MethodEntry, load_params
+from fedcme_core.params import MethodEntry, ParamsFile, load_params
 
 from .report_dvc import curve_tables, summary_metrics
 from .report_claims import claims_section
@@ -39,7 +39,8 @@ from .report_tables import (
     unique_in_order,
     where_fedcme_does_not_win,
 )
-from .seed_stats import REFERENCE_METHOD, summary_csv
+from .seed_stats import REFERENCE_METHOD, config_columns, summary_csv
+from .stages import experiment_name
 
 DEFAULT_FINAL_WINDOW = 5
 
@@ -142,6 +143,11 @@ def report_markdown(
     return "\n".join(parts)
 
 
+def cell_columns(params: ParamsFile) -> dict[str, dict[str, str]]:
+    """{experiment name: what trained it} for every cell of a grid file, the summary CSV's CONFIG_COLUMNS."""
+    return {experiment_name(*cell): config_columns(params.cell_config(*cell)) for cell in params.all_cells()}
+
+
 def figure_path(accuracy_png: Path, name: str) -> Path:
     """reports/accuracy.png -> reports/accuracy-<name>.png."""
     accuracy_png = Path(accuracy_png)
@@ -161,6 +167,7 @@ def write_report(
     output_curves: Path | None = None,
     published: Sequence[Published] = (),
     methods: Mapping[str, MethodEntry] | None = None,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     """Write the Markdown report, its figures and (with `output_csv`) the grid's summary CSV, each atomically;
     with `output_summary` and `output_curves`, what DVC shows (:mod:`flows.report_dvc`): the summary
@@ -169,7 +176,8 @@ def write_report(
     The accuracy figure goes to `output_png`, the ablation and matching figures beside it as
     ``<stem>-ablation.png`` and ``<stem>-matching.png`` (a panel saying so when there is nothing
     to draw; the report links only drawn ones); `published` figures are set beside ours, and the
-    paper's claims are checked where `methods` (the grid file's) names the runs they need. Raises
+    paper's claims are checked where `methods` (the grid file's) names the runs they need; `configs`
+    (:func:`cell_columns` of the grid file) fills the CSV's columns of what trained each row. Raises
     ValueError when the folder holds no metrics file.
     """
     metrics_directory, output_markdown, output_png = Path(metrics_directory), Path(output_markdown), Path(output_png)
@@ -195,7 +203,7 @@ def write_report(
     writes[output_markdown] = report_markdown(entries, title=title, links=links, note=note,
                                              published=published, methods=methods).encode("utf-8")
     if output_csv is not None:
-        writes[Path(output_csv)] = summary_csv(entries, grid).encode("utf-8")
+        writes[Path(output_csv)] = summary_csv(entries, grid, configs).encode("utf-8")
     if output_summary is not None:
         writes[Path(output_summary)] = (json.dumps(summary_metrics(entries), indent=2) + "\n").encode("utf-8")
     stale: list[Path] = []
@@ -223,8 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--title", default=None, help="the report's title (default: from --grid)")
     parser.add_argument("--note", default=None, help="an opening paragraph: where the runs come from")
     parser.add_argument("--params", type=Path, default=None,
-                        help="the grid file: its report.published figures are set beside ours, and its "
-                        "methods name the runs that check the paper's claims")
+                        help="the grid file: its report.published figures are set beside ours, its "
+                        "methods name the runs that check the paper's claims, and its cell configs fill the "
+                        "CSV's columns of what trained each row")
     arguments = parser.parse_args(argv)
     title = arguments.title or f"FedCME results: the {arguments.grid} grid"
     try:
@@ -233,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      output_csv=arguments.csv, grid=arguments.grid, note=arguments.note,
                      output_summary=arguments.summary, output_curves=arguments.curves,
                      published=published_figures(params) if params else (),
-                     methods=params.methods if params else None)
+                     methods=params.methods if params else None,
+                     configs=cell_columns(params) if params else None)
     except ValueError as error:  # a ConfigError too
         parser.exit(2, f"error: {error}\n")
     print(f"wrote {arguments.markdown} and {arguments.png}" + (f" and {arguments.csv}" if arguments.csv else ""))

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedcme_core.partition_tags import entry_partition_tag
+
 from .report_figures import setting_curves
 from .report_tables import ablation_entries, unique_in_order
 from .stages import setting_name
@@ -38,7 +40,7 @@ def curve_tables(entries: Sequence[Mapping[str, Any]], csv_directory: Path) -> d
     groups = {"": [entry for entry in entries if entry["group"] == "main"], "-ablation": ablation_entries(entries)}
     tables = {}
     for suffix, selected in groups.items():
-        slugs = {entry["setting"]: setting_name(entry["dataset"], entry["alpha"], entry["num_clients"],
+        slugs = {entry["setting"]: setting_name(entry["dataset"], entry_partition_tag(entry), entry["num_clients"],
                                                 entry["clients_per_round"]) for entry in selected}
         methods = unique_in_order([entry["method"] for entry in selected])
         for setting, by_method in setting_curves(selected, csv_directory, methods).items():

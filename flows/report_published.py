@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedcme_core.params import ParamsFile, PublishedFigure
+from fedcme_core.partition_tags import entry_partition_tag
 
 from .report_tables import MISSING_CELL, markdown_table, stats_cell
 from .seed_stats import ACCURACY_KEYS, SeedStats, cells_by_seed, seed_stats
@@ -31,7 +32,7 @@ def published_figures(params: ParamsFile) -> list[Published]:
 def figure_runs(entries: Sequence[Mapping[str, Any]], figure: PublishedFigure) -> list[Mapping[str, Any]]:
     """Our experiments of the figure's method (the grid file's key) and setting."""
     return [entry for entry in entries
-            if (entry["method_name"], entry["dataset"], float(entry["alpha"]), int(entry["num_clients"]),
+            if (entry["method_name"], entry["dataset"], entry_partition_tag(entry), int(entry["num_clients"]),
                 int(entry["clients_per_round"])) == (figure.method, *figure.setting)]
 
 

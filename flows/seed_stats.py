@@ -4,6 +4,10 @@ A grid trains every (method, setting) over ``grid.seeds``; within one seed all m
 partition and the initial model (both derive from the seed), so two methods are compared seed by
 seed: the paired difference d_s = acc_A(s) - acc_B(s), its mean and sample std, the number of
 seeds where A wins, and the paired t-test p-value (two-sided, n - 1 degrees of freedom).
+
+The summary CSV has a row per experiment: its grid cell, what trained it (CONFIG_COLUMNS, from the
+grid file's validated cell config: the partition, the classifier layers, the augmentation and
+FedCME's reading options) and its accuracies.
 """
 
 from __future__ import annotations
@@ -18,14 +22,19 @@ from typing import Any
 
 from scipy import stats
 
+from fedcme_core.partition_tags import partition_description
+
 REFERENCE_METHOD = "FedAvg"
 SIGNIFICANCE = 0.05  # a paired t-test p below this, with no seed lost, is a demonstrated win
 # The summary's accuracy columns (the measures a published figure may name) and the metrics key of each.
 ACCURACY_KEYS = {"final_accuracy": "final_accuracy", "best_accuracy": "best_accuracy",
                  "accuracy_at_2T5": "accuracy_at/2/5"}
+# FedCME's open readings (SPEC.md): empty in the rows of other algorithms.
+FEDCME_READINGS = ("align_loss", "align_reduction", "exchange_optimizer", "feature_weights")
+CONFIG_COLUMNS = ("partition", "classifier_layers", "augment", *FEDCME_READINGS)
 CSV_COLUMNS = (
-    "grid", "method", "label", "dataset", "alpha", "num_clients", "clients_per_round", "local_epochs", "rounds",
-    "seed", *ACCURACY_KEYS,
+    "grid", "method", "label", "dataset", "partition", "alpha", "num_clients", "clients_per_round", "local_epochs",
+    *CONFIG_COLUMNS[1:], "rounds", "seed", *ACCURACY_KEYS,
 )
 
 
@@ -121,19 +130,35 @@ def fraction_text(value: float | None) -> str:
     return "" if value is None else repr(value)
 
 
-def summary_csv(entries: Sequence[Mapping[str, Any]], grid: str) -> str:
+def config_columns(config: Any) -> dict[str, str]:
+    """The CONFIG_COLUMNS of a validated experiment config: "dirichlet(0.1)" / "labels_per_client(2)",
+    model.classifier_layers, the effective augmentation, FedCME's readings (empty for other algorithms)."""
+    fedcme = config.algorithm.name == "fedcme"
+    return {
+        "partition": partition_description(config.partition),
+        "classifier_layers": str(config.model.classifier_layers),
+        "augment": config.augmentation,
+        **{key: str(getattr(config.algorithm, key)) if fedcme else "" for key in FEDCME_READINGS},
+    }
+
+
+def summary_csv(entries: Sequence[Mapping[str, Any]], grid: str,
+                configs: Mapping[str, Mapping[str, str]] | None = None) -> str:
     """The grid's machine-readable summary: one row per experiment (CSV_COLUMNS), accuracies as fractions.
 
-    ``final_accuracy`` is the mean of the last rounds (the metrics' ``final_window``),
-    ``accuracy_at_2T5`` the accuracy after round ceil(2T/5).
+    `configs` holds the CONFIG_COLUMNS of each experiment by name (:func:`config_columns` of its cell
+    config); an experiment it lacks has them empty. ``final_accuracy`` is the mean of the last rounds
+    (the metrics' ``final_window``), ``accuracy_at_2T5`` the accuracy after round ceil(2T/5).
     """
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for entry in sorted(entries, key=lambda entry: entry["experiment"]):
+        trained = (configs or {}).get(entry["experiment"], {})
         writer.writerow([
-            grid, entry["method_name"], entry["method"], entry["dataset"], entry["alpha"], entry["num_clients"],
-            entry["clients_per_round"], entry["local_epochs"], entry["rounds"], entry["seed"],
-            *(fraction_text(value_of(entry, key)) for key in ACCURACY_KEYS.values()),
+            grid, entry["method_name"], entry["method"], entry["dataset"], trained.get("partition", ""),
+            "" if entry["alpha"] is None else entry["alpha"], entry["num_clients"], entry["clients_per_round"],
+            entry["local_epochs"], *(trained.get(key, "") for key in CONFIG_COLUMNS[1:]), entry["rounds"],
+            entry["seed"], *(fraction_text(value_of(entry, key)) for key in ACCURACY_KEYS.values()),
         ])
     return buffer.getvalue()

@@ -1,14 +1,17 @@
 """The DVC stages of the experiment pipeline (``dvc.yaml``): prepare, partition, train.
 
     python -m flows.stages prepare   --dataset fmnist
-    python -m flows.stages partition --dataset fmnist --alpha 0.1 --clients 50 --seed 0
-    python -m flows.stages train     --method fedcme-mu001 --dataset fmnist --alpha 0.1 \\
+    python -m flows.stages partition --dataset fmnist --partition a0.1 --clients 50 --seed 0
+    python -m flows.stages train     --method fedcme-mu001 --dataset fmnist --partition a0.1 \\
                                      --clients 50 --per-round 20 --seed 0
+
+``--partition`` takes a partition tag of the grid (:mod:`fedcme_core.partition_tags`): ``a0.1``
+(the base's Dirichlet-family partition with alpha 0.1) or ``c2`` (2 labels per client).
 
 Every stage reads ``params.yaml`` and validates all of it first (:mod:`fedcme_core.params`):
 ``base`` is the experiment config every run starts from, ``methods.<name>`` an algorithm section
-(plus an optional display ``label`` and ``group``), ``datasets.<name>`` the model of each
-dataset, ``report.target_accuracy``. The report stage
+(plus an optional display ``label``, ``group`` and ``setup``, overrides of its cells' config),
+``datasets.<name>`` the model of each dataset, ``report.target_accuracy``. The report stage
 is ``python -m flows.report``. Outputs are written atomically; a train stage whose run
 directory holds another config starts that run over, one that holds the same config resumes it.
 """
@@ -38,26 +41,26 @@ from fedcme_core.matching import matching_similarity
 from fedcme_core.metrics import history_csv, split_summary, summarize, with_content_hash
 from fedcme_core.params import ParamsFile, load_params, setting_label
 from fedcme_core.partition import class_counts
+from fedcme_core.partition_tags import parse_partition_tag, partition_label
 from fedcme_core.partition_file import save_partition
 
 PARAMS = "params.yaml"
-
-
 def prepared_dir(dataset: str) -> Path:
     return Path("data/prepared") / dataset
 
 
-def partition_name(dataset: str, alpha: float, clients: int, seed: int) -> str:
-    return f"{dataset}-a{alpha}-k{clients}-s{seed}"
+def partition_name(dataset: str, partition: str, clients: int, seed: int) -> str:
+    """fmnist-a1.0-k10-s0, cifar10-c2-k10-s0: a partition folder's name."""
+    return f"{dataset}-{partition}-k{clients}-s{seed}"
 
 
-def setting_name(dataset: str, alpha: float, clients: int, per_round: int) -> str:
+def setting_name(dataset: str, partition: str, clients: int, per_round: int) -> str:
     """fmnist-a1.0-k10m10: a grid setting as file names spell it."""
-    return f"{dataset}-a{alpha}-k{clients}m{per_round}"
+    return f"{dataset}-{partition}-k{clients}m{per_round}"
 
 
-def experiment_name(method: str, dataset: str, alpha: float, clients: int, per_round: int, seed: int) -> str:
-    return f"{setting_name(dataset, alpha, clients, per_round)}-{method}-s{seed}"
+def experiment_name(method: str, dataset: str, partition: str, clients: int, per_round: int, seed: int) -> str:
+    return f"{setting_name(dataset, partition, clients, per_round)}-{method}-s{seed}"
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -96,17 +99,18 @@ def heatmap(counts: np.ndarray, path: Path, title: str) -> None:
 
 
 def partition(arguments: argparse.Namespace, params: ParamsFile) -> None:
-    """(dataset, alpha, K, seed) -> partition.npz, class_counts.json, heatmap.png.
+    """(dataset, partition tag, K, seed) -> partition.npz, class_counts.json, heatmap.png.
 
+    The tag picks the partition (`base.partition` with its overrides, :meth:`ParamsFile.partition_config`).
     With `data.train_subset`, the clients share the same seeded subset the training run loads.
     """
     base = params.base
     dataset = load_prepared(prepared_dir(arguments.dataset), expected_name=arguments.dataset)
     dataset = experiment_subset(dataset, base.data.train_subset, None, arguments.seed)
     labels = dataset.y_train.numpy()
-    result = make_partition(labels, base.partition.model_copy(update={"alpha": arguments.alpha}), arguments.clients,
-                            arguments.seed)
-    out = Path("data/partitions") / partition_name(arguments.dataset, arguments.alpha, arguments.clients, arguments.seed)
+    result = make_partition(labels, params.partition_config(arguments.partition), arguments.clients, arguments.seed)
+    out = Path("data/partitions") / partition_name(arguments.dataset, arguments.partition, arguments.clients,
+                                                   arguments.seed)
     out.mkdir(parents=True, exist_ok=True)
     save_partition(result, out / "partition.npz")
     counts = class_counts(labels, result.clients, int(labels.max()) + 1)
@@ -116,7 +120,8 @@ def partition(arguments: argparse.Namespace, params: ParamsFile) -> None:
         "sizes": [int(size) for size in result.sizes],
         "class_counts": counts.tolist(),
     })
-    heatmap(counts, out / "heatmap.png", f"{arguments.dataset} α={arguments.alpha} K={arguments.clients}")
+    heatmap(counts, out / "heatmap.png",
+            f"{arguments.dataset} {partition_label(arguments.partition)} K={arguments.clients}")
     print(f"partition {out.name}: sizes {int(result.sizes.min())}..{int(result.sizes.max())}, hash {result.content_hash[:12]}")
 
 
@@ -138,7 +143,8 @@ def train(arguments: argparse.Namespace, params: ParamsFile) -> None:
 
 
 def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) -> None:
-    cell = (arguments.method, arguments.dataset, arguments.alpha, arguments.clients, arguments.per_round, arguments.seed)
+    cell = (arguments.method, arguments.dataset, arguments.partition, arguments.clients, arguments.per_round,
+            arguments.seed)
     experiment = experiment_name(*cell)
     config = params.cell_config(*cell, prepared_dir=str(prepared_dir(arguments.dataset)), source=arguments.params)
     run_dir = Path(arguments.runs_dir) / experiment
@@ -146,7 +152,7 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
         print(f"{experiment}: the config changed; starting this run over")
         shutil.rmtree(run_dir)
     partition_file = Path("data/partitions") / partition_name(
-        arguments.dataset, arguments.alpha, arguments.clients, arguments.seed
+        arguments.dataset, arguments.partition, arguments.clients, arguments.seed
     ) / "partition.npz"
     run_training(config, experiment, runs_dir=arguments.runs_dir, partition_file=str(partition_file))
     final_state = load_server_state(run_dir, completed_rounds(run_dir))
@@ -154,7 +160,7 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
     identity = {
         "experiment": experiment,
         "method": params.label(arguments.method),
-        "setting": setting_label(arguments.dataset, arguments.alpha, arguments.clients, arguments.per_round),
+        "setting": setting_label(arguments.dataset, arguments.partition, arguments.clients, arguments.per_round),
         "group": params.group(arguments.method),
         "seed": arguments.seed,
     }
@@ -163,7 +169,8 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
         **identity,
         "method_name": arguments.method,
         "dataset": arguments.dataset,
-        "alpha": arguments.alpha,
+        "partition": arguments.partition,
+        "alpha": parse_partition_tag(arguments.partition).alpha,  # null for a c<k> tag
         "num_clients": arguments.clients,
         "clients_per_round": arguments.per_round,
         "local_epochs": config.training.local_epochs,
@@ -180,6 +187,15 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
     save_checkpoint({"model": final_state["model"], "experiment": experiment}, Path("models") / f"{experiment}.pt")
 
 
+def partition_tag(text: str) -> str:
+    """argparse type of --partition: a valid tag, else argparse's one-line error saying why."""
+    try:
+        parse_partition_tag(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flows.stages", description="DVC stages of the fedcme pipeline")
     parser.add_argument("--params", default=PARAMS)
@@ -191,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser = stages.add_parser("train")
     for stage_parser in (partition_parser, train_parser):
         stage_parser.add_argument("--dataset", required=True, choices=["fmnist", "cifar10"])
-        stage_parser.add_argument("--alpha", type=float, required=True)
+        stage_parser.add_argument("--partition", type=partition_tag, required=True,
+                                  help="a partition tag: a<alpha> (a0.1) or c<k> (c2)")
         stage_parser.add_argument("--clients", type=int, required=True)
         stage_parser.add_argument("--seed", type=int, required=True)
     partition_parser.set_defaults(handler=partition)

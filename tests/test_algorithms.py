@@ -135,7 +135,7 @@ def test_contrastive_hooks_with_mu_zero_equal_fedavg_on_the_moon_backbone():
 def test_alignment_hooks_with_mu_zero_equal_fedavg():
     run = fresh_run()
     features = GlobalFeatures(values=torch.ones(10, 512), defined=torch.ones(10, dtype=torch.bool))
-    hooks = AlignmentHooks(features, mu=0.0, reduction="mean", device=torch.device("cpu"))
+    hooks = AlignmentHooks(features, FedCMEConfig(mu=0.0), device=torch.device("cpu"))
 
     assert same_state(train(run, tiny_client_data(), hooks, epochs=2).model, fedavg_run().model)
 

@@ -103,7 +103,7 @@ BAD_CONFIGS = [
     ("data:\n  normalise: imagenet\n", "data.normalise: Input should be 'channel' or 'none'"),
     ("model:\n  name: resnet18\n", "model.name"),
     ("algorithm:\n  name: fedopt\n", "algorithm.name: unknown algorithm 'fedopt'"),
-    ("algorithm:\n  name: fedprox\n  tau: 0.5\n", "algorithm.tau: unknown key"),
+    ("algorithm:\n  name: fedprox\n  tau: 0.5\n", "algorithm.tau: not an option of fedprox (it is read by moon only)"),
     ("trainig:\n  lr: 0.1\n", "trainig: unknown key"),
     ("training:\n  lr: fast\n", "training.lr"),
     ("federation:\n  rounds: 2.5\n", "federation.rounds"),

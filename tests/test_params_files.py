@@ -66,8 +66,8 @@ def test_first_partition_stage_of_grid_file_reproduces(tmp_path, mirror, path):
 
     params = yaml.safe_load(path.read_text())
     dataset, seed = params["grid"]["datasets"][0], params["grid"]["seeds"][0]
-    alpha, clients = params["grid"]["alphas"][0], params["grid"]["clients"][0][0]
-    partition = tmp_path / "data" / "partitions" / f"{dataset}-a{alpha}-k{clients}-s{seed}"
+    tag, clients = params["grid"]["partitions"][0], params["grid"]["clients"][0][0]
+    partition = tmp_path / "data" / "partitions" / f"{dataset}-{tag}-k{clients}-s{seed}"
     assert f"Running stage 'prepare@{dataset}'" in output and f"Running stage '{first}'" in output
     assert (partition / "partition.npz").is_file() and (partition / "class_counts.json").is_file()
 
@@ -91,19 +91,48 @@ def write_variant(tmp_path: Path, old: str, new: str) -> Path:
     ("    lr: 0.01\n", "    lr: -1\n", "base.training.lr: Input should be greater than 0"),
     ("  clients:                # (K, M) pairs; K must differ between pairs\n    - [10, 10]",
      "  clients:\n    - [10, 10]\n    - [10, 5]", "grid.clients: K must differ between (K, M) pairs"),
-    ("  alphas: [1.0]\n  clients:\n    - [10, 10]\n  seeds: [0]\n  methods: []",
-     "  alphas: [0.5]\n  clients:\n    - [10, 10]\n  seeds: [0]\n  methods: [fedcme-no-exchange]",
-     "ablation: settings [('fmnist', 0.5, 10, 10, 0)] are not in grid"),
+    ("  partitions: [a1.0]\n  clients:\n    - [10, 10]\n  seeds: [0]\n  methods: []",
+     "  partitions: [a0.5]\n  clients:\n    - [10, 10]\n  seeds: [0]\n  methods: [fedcme-no-exchange]",
+     "ablation: settings [('fmnist', 'a0.5', 10, 10, 0)] are not in grid"),
+    ("  partitions: [a1.0]\n  clients:                #", "  partitions: [a1.0, x3]\n  clients:                #",
+     "grid.partitions: 'x3' is not a partition tag; write a<alpha> (Dirichlet alpha) or c<k> (k labels per client)"),
+    ("  partitions: [a1.0]\n  clients:                #", "  partitions: [a1]\n  clients:                #",
+     "grid.partitions: 'a1' is spelled a1.0"),
+    ("  partitions: [a1.0]\n  clients:                #", "  partitions: [c2, c2]\n  clients:                #",
+     "grid.partitions: 'c2' given twice"),
+    ("  partitions: [a1.0]\n  clients:                #", "  partitions: [c11]\n  clients:                #",
+     "partition.labels_per_client: 11 exceeds the 10 classes"),
+    ("    method: dirichlet ", "    labels_per_client: 2\n    method: labels_per_client ",
+     "grid.partitions: 'a1.0' sets a Dirichlet alpha, but base.partition.method is labels_per_client"),
+    ("{name: fedavg, label: FedAvg}", "{name: fedavg, label: FedAvg, setup: {federation.num_clients: 5}}",
+     "methods.fedavg.setup.federation.num_clients: a grid dimension; the grid and ablation sections set it"),
+    ("{name: fedavg, label: FedAvg}", "{name: fedavg, label: FedAvg, setup: {partition.alpha: 5}}",
+     "methods.fedavg.setup.partition.alpha: a grid dimension"),
+    ("{name: fedavg, label: FedAvg}", "{name: fedavg, label: FedAvg, setup: {seed: 5}}",
+     "methods.fedavg.setup.seed: a grid dimension"),
+    ("{name: fedavg, label: FedAvg}", "{name: fedavg, label: FedAvg, setup: {algorithm.name: fedprox}}",
+     "methods.fedavg.setup.algorithm.name: the method's algorithm; write it in the method itself"),
+    ("{name: fedavg, label: FedAvg}", "{name: fedavg, label: FedAvg, setup: {training: {local_epochs: 4}}}",
+     "methods.fedavg.setup.training: give each key dotted"),
+    ("{name: fedcme, mu: 0.01, label: FedCME(0.01)}", "{name: fedcme, mu: 0.01, label: FedCME(0.01), "
+     "setup: {training.local_epochs: 1}}", "[grid cell fedcme-mu001 fmnist a1.0 K=10 M=10 seed=0]: "
+     "training.local_epochs: FedCME with exchange 'classifier' needs at least 2 local epochs"),
+    ("{name: fedavg, label: FedAvg}", "{name: fedavg, label: FedAvg, setup: {training.local_epoch: 4}}",
+     "[grid cell fedavg fmnist a1.0 K=10 M=10 seed=0]: training.local_epoch: unknown key"),
     ("\nreport:\n", "\nreport:\n  name: x\n", "key 'name' given twice"),
-    ("  published: []", "  published: [{method: fedavg, dataset: cifar10, alpha: 0.5, clients: [10, 10], accuracy: 68.2, "
-     "source: NIID-Bench}]", "report.published.0: no grid or ablation run of fedavg in cifar10 alpha=0.5 K=10 M=10"),
-    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, alpha: 1.0, clients: [10, 10], measure: final, "
+    ("  published: []", "  published: [{method: fedavg, dataset: cifar10, partition: a0.5, clients: [10, 10], "
+     "accuracy: 68.2, source: NIID-Bench}]", "report.published.0: no grid or ablation run of fedavg in cifar10 a0.5 K=10 M=10"),
+    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, partition: a1.0, clients: [10, 10], measure: final, "
      "accuracy: 68.2, source: x}]", "report.published.0.measure: Input should be 'final_accuracy'"),
-    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, alpha: 1.0, clients: [10, 10], accuracy: 68.2, "
-     "source: x}, {method: fedavg, dataset: fmnist, alpha: 1.0, clients: [10, 10], accuracy: 682, source: x}]",
+    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, partition: a1.0, clients: [10, 10], accuracy: 68.2, "
+     "source: x}, {method: fedavg, dataset: fmnist, partition: a1.0, clients: [10, 10], accuracy: 682, source: x}]",
      "report.published.1.accuracy: Input should be less than or equal to 100"),
-    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, alpha: 1.0, clients: [10, 10], accuracy: 0.682, "
+    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, partition: a1.0, clients: [10, 10], accuracy: 0.682, "
      "source: x}]", "report.published.0.accuracy: 0.682 looks like a fraction: give the published figure in percent"),
+    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, alpha: 1.0, clients: [10, 10], accuracy: 68.2, "
+     "source: x}]", "report.published.0.partition: missing; report.published.0.alpha: unknown key"),
+    ("  published: []", "  published: [{method: fedavg, dataset: fmnist, partition: 1.0, clients: [10, 10], accuracy: 68.2, "
+     "source: x}]", "report.published.0.partition: Input should be a valid string"),
     ("    local_epochs: 2 ", "    local_epochs: 1 ", "base.training.local_epochs: FedCME with exchange 'classifier' needs at least 2 local epochs"),
 ])
 def test_a_bad_params_file_is_one_line_naming_file_and_key(tmp_path, old, new, message):
@@ -112,7 +141,7 @@ def test_a_bad_params_file_is_one_line_naming_file_and_key(tmp_path, old, new, m
     with pytest.raises(ConfigError) as error:
         load_params(path)
 
-    assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
+    assert str(error.value).startswith((f"{path}: ", f"{path} [grid cell ")) and message in str(error.value)
     assert "\n" not in str(error.value)
 
 
@@ -124,8 +153,10 @@ def test_a_missing_dvc_param_is_named(tmp_path):
 
 
 def test_needed_params_expand_the_matrix_as_dvc_does():
-    params = {"grid": {"methods": ["a", "b"], "datasets": ["fmnist"], "alphas": [0.1], "clients": [[5, 2]], "seeds": [0]},
-              "ablation": {"methods": ["c"], "datasets": ["fmnist"], "alphas": [0.1], "clients": [[5, 2]], "seeds": [0]}}
+    params = {"grid": {"methods": ["a", "b"], "datasets": ["fmnist"], "partitions": ["a0.1", "c2"], "clients": [[5, 2]],
+                       "seeds": [0]},
+              "ablation": {"methods": ["c"], "datasets": ["fmnist"], "partitions": ["a0.1"], "clients": [[5, 2]],
+                           "seeds": [0]}}
     dvc_yaml = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
 
     needed = needed_params(dvc_yaml, params)
@@ -133,6 +164,7 @@ def test_needed_params_expand_the_matrix_as_dvc_does():
     assert {"methods.a", "methods.b", "methods.c", "datasets.fmnist", "base.data.train_subset", "grid.seeds",
             "ablation.methods", "report.target_accuracy"} <= set(needed)
     assert not any("${" in path for path in needed)
+    assert "grid.partitions" in needed and "base.partition.method" in needed
 
 
 def cli(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -157,7 +189,7 @@ def test_train_and_stages_refuse_a_typo_before_writing_anything(tmp_path):
 
     train = cli(["train", "--config", str(path), "--experiment", "typo"], tmp_path)
     stage = subprocess.run([sys.executable, "-m", "flows.stages", "--params", str(path), "partition", "--dataset", "fmnist",
-                            "--alpha", "0.1", "--clients", "50", "--seed", "0"], cwd=tmp_path,
+                            "--partition", "a0.1", "--clients", "50", "--seed", "0"], cwd=tmp_path,
                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=300)
 
     for result in (train, stage):

@@ -91,6 +91,9 @@ def test_repro_creates_every_declared_output(pipeline):
     assert "| classifier exchange helps | FMNIST α=0.5 K=100 M=2 | FedCME(0.01) − FedCME w/o exchange |" in report
     summary = (workdir / "reports" / "results.csv").read_text().splitlines()
     assert len(summary) == 1 + len(EXPERIMENTS) and all(line.startswith("smoke,") for line in summary[1:])
+    assert all(",dirichlet(0.5),0.5,100,2," in line for line in summary[1:])  # what trained each row
+    about = json.loads((workdir / "metrics" / "about" / f"{EXPERIMENTS[0]}.json").read_text())
+    assert (about["partition"], about["alpha"], about["setting"]) == ("a0.5", 0.5, "FMNIST α=0.5 K=100 M=2")
     matching = json.loads((workdir / "metrics" / "matching" / f"{EXPERIMENTS[1]}.json").read_text())
     assert [record["round"] for record in matching["rounds"]] == [1, 2]
     assert len(matching["class_counts"]) == 100 and matching["seed"] == 0
@@ -206,14 +209,14 @@ def test_changing_one_method_reruns_only_its_train_stage_and_the_report(pipeline
 
     output = run(["dvc", "repro"], workdir, environment)
 
-    assert stages_run(output) == ["train@fedcme-mu001-fmnist-0.5-clients0-0", "report"]
+    assert stages_run(output) == ["train@fedcme-mu001-fmnist-a0.5-clients0-0", "report"]
 
 
 def test_a_published_figure_reruns_only_the_report_which_sets_it_beside_ours(pipeline):
     workdir, environment, _ = pipeline
     params = workdir / "params.yaml"
     params.write_text(params.read_text().replace("  published: []", (
-        "  published: [{method: scaffold, dataset: fmnist, alpha: 0.5, clients: [100, 2], accuracy: 99.5, "
+        "  published: [{method: scaffold, dataset: fmnist, partition: a0.5, clients: [100, 2], accuracy: 99.5, "
         "source: a paper}]")))
 
     output = run(["dvc", "repro"], workdir, environment)
@@ -228,7 +231,7 @@ def test_partition_output_is_byte_identical_across_runs(pipeline):
     workdir, environment, _ = pipeline
     before = {name: (workdir / PARTITION / name).read_bytes() for name in ("partition.npz", "class_counts.json")}
 
-    run(["dvc", "repro", "--force", "--single-item", "partition@fmnist-0.5-clients0-0"], workdir, environment)
+    run(["dvc", "repro", "--force", "--single-item", "partition@fmnist-a0.5-clients0-0"], workdir, environment)
 
     after = {name: (workdir / PARTITION / name).read_bytes() for name in before}
     assert after == before
@@ -257,11 +260,11 @@ def test_make_runs_repro_starts_one_prefect_server_for_every_stage(tmp_path, mir
     # `make run` runs `python -m flows.repro`: with no Prefect API configured, one temporary server
     # serves every stage (none starts its own), and nothing outlives the command.
     workdir, environment = repro_checkout(tmp_path, mirror)
-    stage = "train@fedavg-fmnist-0.5-clients0-0"
+    stage = "train@fedavg-fmnist-a0.5-clients0-0"
 
     output = run([sys.executable, "-m", "flows.repro", stage], workdir, environment)
 
-    assert stages_run(output) == ["prepare@fmnist", "partition@fmnist-0.5-clients0-0", stage]
+    assert stages_run(output) == ["prepare@fmnist", "partition@fmnist-a0.5-clients0-0", stage]
     assert output.count("uses a temporary Prefect server") == 1
     assert "so the whole grid (every stage) uses a temporary Prefect server" in output
     assert (workdir / "metrics" / f"{EXPERIMENTS[0]}.json").is_file()

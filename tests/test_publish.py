@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import sys
 
@@ -43,7 +45,9 @@ def test_publish_splits_one_piece_files_keeps_what_was_published_and_leaves_othe
     assert (target / "fmnist-a1.0-k10m10-fedavg-s1.csv").read_text() == (campaign / "fmnist-a1.0-k10m10-fedavg-s1.csv").read_text()
     report = (tmp_path / "docs" / "results-g.md").read_text()
     assert "from the campaign" in report and "| FedAvg |" in report and "(2)" in report
-    assert len((tmp_path / "docs" / "results" / "g.csv").read_text().splitlines()) == 3
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "docs" / "results" / "g.csv").read_text())))
+    assert [(row["seed"], row["partition"], row["classifier_layers"], row["augment"], row["align_loss"]) for row in rows] == [
+        ("0", "dirichlet(1.0)", "1", "none", ""), ("1", "dirichlet(1.0)", "1", "none", "")]
     assert not list(target.rglob("*fedavg-raw*")) and "FedAvg raw" not in report  # another grid's experiment
 
 
@@ -73,3 +77,21 @@ def test_publish_opens_the_report_with_the_grids_committed_note_unless_given_one
     assert committed.startswith("# FedCME results: the default grid\n\nWhere the runs come from.\n\n## How the setting")
     assert "- no normalisation there\n" in committed and "Where the runs come from" not in given
     assert "given on the command line" in given
+
+
+def test_publish_keeps_the_partition_tag_of_a_new_run_out_of_the_dvc_metric(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    entry = with_content_hash({**metrics_entry("fmnist-a1.0-k10m10-fedcme-mu001-s0", "FedCME(0.01)", LOW, 0.5),
+                               "method_name": "fedcme-mu001", "partition": "a1.0", "alpha": 1.0})
+    (tmp_path / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+
+    publish("default", write_metrics_folder(tmp_path / "campaign", [entry]), note=None)
+
+    target = tmp_path / "docs" / "results" / "default"
+    results = json.loads((target / "fmnist-a1.0-k10m10-fedcme-mu001-s0.json").read_text())
+    about = json.loads((target / "about" / "fmnist-a1.0-k10m10-fedcme-mu001-s0.json").read_text())
+    assert "partition" not in results and about["partition"] == "a1.0"
+    assert load_metrics(target) == [entry]
+    (row,) = csv.DictReader(io.StringIO((tmp_path / "docs" / "results" / "default.csv").read_text()))
+    assert (row["partition"], row["align_loss"], row["align_reduction"], row["exchange_optimizer"],
+            row["feature_weights"]) == ("dirichlet(1.0)", "class_mean", "mean", "reset", "samples")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from fedcme_core.metrics import history_csv, split_summary, with_content_hash
 from flows.report import main, write_report
@@ -23,8 +24,10 @@ from flows.report_tables import (
     speed_table,
     where_fedcme_does_not_win,
 )
+from flows.report import cell_columns
 from flows.seed_stats import ACCURACY_KEYS, CSV_COLUMNS, PairedDifference, SeedStats, summary_csv
-from fedcme_core.params import PUBLISHED_MEASURES, PublishedFigure
+from flows.stages import experiment_name
+from fedcme_core.params import PUBLISHED_MEASURES, PublishedFigure, params_from_dict
 
 from .conftest import REPO_ROOT
 
@@ -207,6 +210,34 @@ def test_summary_csv_has_one_row_per_experiment_with_the_named_columns():
     assert (first["grid"], first["method"], first["label"], first["seed"]) == ("default", "fedavg", "FedAvg", "0")
     assert float(first["final_accuracy"]) == 0.5 and float(first["accuracy_at_2T5"]) == 0.35
     assert (first["alpha"], first["num_clients"], first["clients_per_round"], first["rounds"]) == ("0.1", "50", "20", "10")
+    assert first["partition"] == first["classifier_layers"] == first["align_loss"] == ""  # no grid file's configs given
+
+
+def test_summary_csv_says_what_trained_each_row_from_the_grid_files_cell_configs():
+    values = yaml.safe_load((REPO_ROOT / "params.yaml").read_text(encoding="utf-8"))
+    values["methods"]["fedcme-l2"] = {"name": "fedcme", "mu": 0.01, "align_loss": "sample",
+                                      "exchange_optimizer": "swap",
+                                      "setup": {"model.classifier_layers": 2, "data.augment": "crop_flip"}}
+    values["grid"].update(partitions=["a1.0", "c2"], methods=["fedavg", "fedcme-mu001", "fedcme-l2"], seeds=[0])
+    params = params_from_dict(values)
+    entries = []
+    for cell in params.all_cells():
+        entry = metrics_entry(experiment_name(*cell), cell[0], cell[2], 0.5)
+        alpha = 1.0 if cell[2] == "a1.0" else None
+        entries.append({**entry, "method_name": cell[0], "partition": cell[2], "alpha": alpha})
+
+    rows = {(row["method"], row["partition"]): row
+            for row in csv.DictReader(io.StringIO(summary_csv(entries, "g", cell_columns(params))))}
+
+    readings = ("partition", "alpha", "local_epochs", "classifier_layers", "augment", "align_loss", "align_reduction",
+                "exchange_optimizer", "feature_weights")
+    assert [rows["fedavg", "dirichlet(1.0)"][key] for key in readings] == [
+        "dirichlet(1.0)", "1.0", "2", "1", "none", "", "", "", ""]
+    assert [rows["fedcme-mu001", "labels_per_client(2)"][key] for key in readings] == [
+        "labels_per_client(2)", "", "2", "1", "none", "class_mean", "mean", "reset", "samples"]
+    assert [rows["fedcme-l2", "dirichlet(1.0)"][key] for key in readings] == [
+        "dirichlet(1.0)", "1.0", "2", "2", "crop_flip", "sample", "mean", "swap", "samples"]
+    assert len(rows) == 6
 
 
 def test_seed_band_is_mean_min_max_on_common_rounds():
@@ -321,7 +352,7 @@ def test_command_line_names_a_bad_folder_in_one_line(tmp_path, capsys):
 
 def figure(method: str, alpha: float, accuracy: float, measure: str = "final_accuracy") -> tuple[str, PublishedFigure]:
     """(label, figure): the label is the method's, as the grid file's methods section gives it."""
-    return method.upper(), PublishedFigure(method=method, dataset="fmnist", alpha=alpha, clients=(50, 20),
+    return method.upper(), PublishedFigure(method=method, dataset="fmnist", partition=f"a{alpha}", clients=(50, 20),
                                            measure=measure, accuracy=accuracy, source=f"paper of {method}")
 
 
@@ -431,6 +462,20 @@ def test_the_overlay_tables_give_each_setting_every_method_per_round_in_percent(
     assert sorted({row["method"] for row in ablation}) == ["FedCME w/o exchange", "FedCME(0.01)"]
     assert [float(row["accuracy"]) for row in ablation if row["method"] == "FedCME w/o exchange"] == [
         10.0, 20.0, 30.0, 40.0, 50.0]
+
+
+def test_a_labels_per_client_run_is_named_by_its_tag_in_the_tables_and_beside_published_figures(tmp_path):
+    entry = {**metrics_entry("fmnist-c2-k50m20-fedavg-s0", "FedAvg", "FMNIST #C=2 K=50 M=20", 0.4),
+             "partition": "c2", "alpha": None}
+    published = ("FedAvg", PublishedFigure(method="fedavg", dataset="fmnist", partition="c2", clients=(50, 20),
+                                           accuracy=49.8, source="NIID-Bench"))
+
+    tables = curve_tables([entry], write_metrics_folder(tmp_path, [entry]))
+    row = table_row(published_table([entry], [published]), "FedAvg")
+
+    assert sorted(tables) == ["fmnist-c2-k50m20.csv"]
+    assert row[:2] == ["FMNIST #C=2 K=50 M=20", "final (mean of the last rounds)"] and row[4] == "-9.80"
+    assert list(csv.DictReader(io.StringIO(summary_csv([entry], "g"))))[0]["alpha"] == ""
 
 
 def test_load_metrics_names_a_file_that_is_not_json(tmp_path):

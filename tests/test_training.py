@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedcme_core.algorithms.fedcme import AlignmentHooks
+from fedcme_core.algorithms.fedcme import AlignmentHooks, FedCMEConfig
 from fedcme_core.checkpoints import CheckpointError, save_checkpoint
 from fedcme_core.features import GlobalFeatures
 from fedcme_core.models import build_model
@@ -16,7 +16,7 @@ from .helpers import TRAINING, fresh_run, same_state, tiny_client_data, train
 
 def alignment_hooks() -> AlignmentHooks:
     features = GlobalFeatures(values=torch.full((10, 512), 0.1), defined=torch.arange(10) < 3)
-    return AlignmentHooks(features, mu=0.5, reduction="mean", device=torch.device("cpu"))
+    return AlignmentHooks(features, FedCMEConfig(mu=0.5), device=torch.device("cpu"))
 
 
 def test_loss_decreases_on_learnable_data():

@@ -8,7 +8,8 @@ Copies every finished experiment of the grid file's cells from the metrics folde
 ``matching/<exp>.json``; a campaign folder may hold other grids' experiments too, which stay out)
 into ``docs/results/<grid>/``, keeping those already there (so a
 campaign publishes run by run), then writes from that folder ``docs/results-<grid>.md``, its
-figures ``docs/results-<grid>*.png`` and ``docs/results/<grid>.csv``, with the grid file's
+figures ``docs/results-<grid>*.png`` and ``docs/results/<grid>.csv`` (each row with what trained it,
+from the grid file's cell config: partition, classifier layers, augmentation, FedCME's readings), with the grid file's
 ``report.published`` figures beside ours (``configs/params-<grid>.yaml``, or ``params.yaml`` for the
 default grid). The report opens with ``--note``, else with the grid's committed note
 ``docs/results/<grid>/NOTE.md`` (where the runs come from, how the setting differs from the one it
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedcme_core.metrics import split_summary  # noqa: E402
 from fedcme_core.params import load_params  # noqa: E402
-from flows.report import write_report  # noqa: E402
+from flows.report import cell_columns, write_report  # noqa: E402
 from flows.report_inputs import load_metrics  # noqa: E402
 from flows.report_published import published_figures  # noqa: E402
 from flows.stages import experiment_name, write_json  # noqa: E402
@@ -64,7 +65,7 @@ def publish(grid: str, metrics: Path, note: str | None, params: Path | None = No
     write_report(target, DOCS / f"results-{grid}.md", DOCS / f"results-{grid}.png",
                  title=f"FedCME results: the {grid} grid", output_csv=DOCS / "results" / f"{grid}.csv",
                  grid=grid, note=note, published=published,
-                 methods=grid_params.methods)
+                 methods=grid_params.methods, configs=cell_columns(grid_params))
     return copied
 
 

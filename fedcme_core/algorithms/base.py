@@ -75,6 +75,7 @@ class Algorithm:
     name: ClassVar[str] = "fedavg"
     config_class: ClassVar[type]  # the pydantic model of its `algorithm:` section (set by each module)
     exchange_part: str = "none"  # none | classifier | extractor | model
+    exchange_optimizer: str = "reset"  # the received part's momentum: reset | swap
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -98,7 +99,9 @@ class Algorithm:
     def exchange(self, sources: Mapping[int, Path], donors: Mapping[int, int],
                  destinations: Mapping[int, Path]) -> list[int]:
         """SPEC step 5 at the barrier: each receiver's swap checkpoint gets its donor's part."""
-        return exchange_checkpoints(sources, donors, self.exchange_part, destinations) if donors else []
+        if not donors:
+            return []
+        return exchange_checkpoints(sources, donors, self.exchange_part, destinations, self.exchange_optimizer)
 
     # --------------------------------------------------------------------- client side
     def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:

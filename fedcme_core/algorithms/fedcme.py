@@ -3,6 +3,9 @@ and feature alignment on top of FedAvg.
 
     L = CE(w(x), y) + mu * mean_{c in batch, zeta[c] defined} (mean_{i in B_c} theta(x_i) - zeta^t[c])^2
 
+(``align_loss: class_mean``; ``sample`` compares each theta(x_i) with zeta^t[y_i] instead, see
+``fedcme_core.features``.)
+
 Three pieces, each switched by its own setting, which is how the paper's ablations are
 configs rather than code:
 - matching (``matching``: pairwise | many_to_one) of the selected clients by the cosine
@@ -10,6 +13,10 @@ configs rather than code:
 - exchange (``exchange``: classifier | extractor | model | none) after floor(E/2) epochs
   (Algorithm 2, line 22);
 - alignment (``mu``; 0 disables it) of local features to the server's global features.
+
+The readings the text leaves open (SPEC.md, "Open readings") are settings too: ``align_loss``,
+``align_reduction``, ``exchange_optimizer``, ``feature_weights`` and the model's
+``classifier_layers``.
 """
 
 from __future__ import annotations
@@ -28,13 +35,14 @@ from .base import Algorithm, ClientContext, Matching, ServerState, Upload
 
 
 class AlignmentHooks(ClientHooks):
-    def __init__(self, global_features: GlobalFeatures, mu: float, reduction: str, device: torch.device) -> None:
+    def __init__(self, global_features: GlobalFeatures, config: FedCMEConfig, device: torch.device) -> None:
         self.global_features = global_features.to(device)
-        self.mu = mu
-        self.reduction = reduction
+        self.mu = config.mu
+        self.reduction = config.align_reduction
+        self.loss = config.align_loss
 
     def extra_loss(self, inputs, labels, features, logits) -> torch.Tensor | None:
-        loss = alignment_loss(features, labels, self.global_features, reduction=self.reduction)
+        loss = alignment_loss(features, labels, self.global_features, reduction=self.reduction, loss=self.loss)
         return None if loss is None else self.mu * loss
 
 
@@ -47,6 +55,7 @@ class FedCME(Algorithm):
     def __init__(self, config) -> None:
         super().__init__(config)
         self.exchange_part = config.exchange
+        self.exchange_optimizer = config.exchange_optimizer
 
     @property
     def aligns(self) -> bool:
@@ -73,7 +82,7 @@ class FedCME(Algorithm):
         if not global_features.any_defined:
             return ClientHooks()
         device = next(model.parameters()).device
-        return AlignmentHooks(global_features, self.config.mu, self.config.align_reduction, device)
+        return AlignmentHooks(global_features, self.config, device)
 
     def client_report(self, model: SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
                       context: ClientContext, hooks: ClientHooks) -> dict[str, Any]:
@@ -95,13 +104,14 @@ class FedCME(Algorithm):
         return {"global_features": None, "evaluation_vectors": {}}
 
     def aggregate_state(self, server: ServerState, uploads: Sequence[Upload], num_clients: int) -> dict[str, Any]:
-        """SPEC step 8: zeta^{t+1} (D_k-weighted, with memory of absent classes) and the
-        evaluation-vector table updated with this round's vectors."""
+        """SPEC step 8: zeta^{t+1} (weighted by D_k or n_k[c], with memory of absent classes) and
+        the evaluation-vector table updated with this round's vectors."""
         features = server["global_features"]
         if self.aligns:
             previous = GlobalFeatures.from_dict(features) if features is not None else None
             features = aggregate_global_features(
-                [(u.report["local_features"], u.report["feature_counts"], float(u.num_samples)) for u in uploads], previous
+                [(u.report["local_features"], u.report["feature_counts"], float(u.num_samples)) for u in uploads], previous,
+                weights=self.config.feature_weights,
             ).to_dict()
         vectors = dict(server["evaluation_vectors"])
         vectors.update({upload.client: upload.report["evaluation_vector"] for upload in uploads

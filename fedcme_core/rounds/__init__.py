@@ -22,6 +22,7 @@ from .setup import (
     resolve_run_compute,
     run_compute,
     run_partition,
+    split_line,
 )
 from .steps import (
     aggregate_step,
@@ -52,6 +53,6 @@ __all__ = [
     "exchange_step", "experiment_run_dir", "experiment_subset", "final_model", "largest_first",
     "last_intact_round", "load_experiment_dataset", "load_server_state", "make_partition", "match_step",
     "new_model", "prepare_run", "resolve_run_compute", "run_compute", "run_compute_choice",
-    "run_directory_matches", "run_experiment", "run_partition", "run_round", "select_step", "shared_server_state",
+    "run_directory_matches", "run_experiment", "run_partition", "run_round", "select_step", "shared_server_state", "split_line",
     "torch_threads", "train_phase_step", "with_retries",
 ]

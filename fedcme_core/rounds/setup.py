@@ -20,7 +20,7 @@ from ..compute import Compute, ComputeChoice
 from ..config import ExperimentConfig, PartitionConfig
 from ..data_sources import resolve_mirror
 from ..evaluation import torch_threads
-from ..models import SplitModel, build_model, resolve_device
+from ..models import SplitModel, build_model, parameter_split, resolve_device
 from ..partition import class_counts
 from ..partition_file import Partition, load_partition, save_partition
 from ..seeding import derive_seed
@@ -66,7 +66,8 @@ def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
 def make_partition(labels: np.ndarray, partition: PartitionConfig, num_clients: int, seed: int) -> Partition:
     """SPEC "Data": the clients' sample indices for labels [N]."""
     return Partition.create(labels, method=partition.method, num_clients=num_clients, alpha=partition.alpha,
-                            seed=seed, min_size=partition.min_size, sigma=partition.sigma)
+                            seed=seed, min_size=partition.min_size, sigma=partition.sigma,
+                            labels_per_client=partition.labels_per_client)
 
 
 def run_partition(config: ExperimentConfig, run_dir: str | Path) -> tuple[Partition, np.ndarray]:
@@ -78,8 +79,19 @@ def run_partition(config: ExperimentConfig, run_dir: str | Path) -> tuple[Partit
 
 def new_model(config: ExperimentConfig, num_classes: int, device: torch.device | None = None,
               compute: Compute = FP32) -> SplitModel:
-    model = build_model(config.model.name, num_classes, config.projection_dim, seed=derive_seed(config.seed, "init"))
+    model = build_model(config.model.name, num_classes, config.projection_dim, seed=derive_seed(config.seed, "init"),
+                        classifier_layers=config.model.classifier_layers)
     return compute.model(model.to(device if device is not None else resolve_device(config.device)))
+
+
+def split_line(config: ExperimentConfig, num_classes: int = 10) -> str:
+    """"model cifar_cnn: extractor 61,156 + classifier 850 parameters (1 layer), feature 84-d": what an
+    exchange of the classifier moves and which feature is aligned (printed at run start)."""
+    model = new_model(config, num_classes, torch.device("cpu"))
+    extractor, classifier = parameter_split(model)
+    layers = config.model.classifier_layers
+    return (f"model {config.model.name}: extractor {extractor:,} + classifier {classifier:,} parameters "
+            f"({layers} layer{'s' if layers > 1 else ''}), feature {model.feature_dim}-d")
 
 
 def available_cores() -> int:
