@@ -31,6 +31,9 @@ from .config import (
     format_validation_error,
 )
 from .config_files import ConfigError, apply_overrides, read_yaml
+from .params_factors import (
+    GRID_NAME_PATTERN, ReportFactor, ReportReferences, check_factors, factor_method_problems, other_grid_file,
+)
 from .partition_tags import check_tag_for_method, parse_partition_tag, partition_label, partition_overrides
 
 GRID_DATASETS = ("fmnist", "cifar10")
@@ -178,9 +181,25 @@ class PublishedFigure(_Section):
 
 
 class ReportSection(_Section):
-    name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9-]*$", description="the grid's name (docs/results/<name>.csv)")
+    name: str = Field("default", pattern=GRID_NAME_PATTERN, description="the grid's name (docs/results/<name>.csv)")
     target_accuracy: float | None = Field(None, gt=0, le=1)
     published: list[PublishedFigure] = []
+    references: ReportReferences | None = None
+    factors: list[ReportFactor] = []
+
+    @model_validator(mode="after")
+    def _factors_checked(self) -> ReportSection:
+        check_factors(self.references, self.factors)
+        return self
+
+    def factor_grid(self, factor: ReportFactor) -> str:
+        """The grid whose metrics hold a factor's runs: its `grid`, else this one."""
+        return factor.grid or self.name
+
+    def method_problems(self, methods: Mapping[str, Any], grid: str, partitions: Any = None) -> list[str]:
+        """Where `references` and the factors of `grid` name a method that `methods` (that grid's) lacks,
+        or a setting outside its `partitions` (when given)."""
+        return factor_method_problems(self.references, self.factors, methods, grid, self.name, partitions)
 
 
 class ParamsFile(_Section):
@@ -219,6 +238,11 @@ class ParamsFile(_Section):
                 raise ValueError(f"report.published.{index}: no grid or ablation run of {figure.method} in "
                                  f"{figure.dataset} {figure.partition} K={figure.clients[0]} M={figure.clients[1]} "
                                  "to set beside it")
+        partitions = list(dict.fromkeys(tag for grid in (self.grid, self.ablation) if grid is not None
+                                        for tag in grid.partitions))
+        problems = self.report.method_problems(self.methods, self.report.name, partitions)
+        if problems:
+            raise ValueError(problems[0])
         dotted = [name for name in self.methods if "." in name]
         if dotted:
             raise ValueError(f"methods: names must not contain dots (DVC params paths), got {', '.join(dotted)}")
@@ -315,4 +339,23 @@ def load_params(path: str | Path) -> ParamsFile:
     if not is_params_file(values):
         raise ConfigError(f"{path}: base: missing, or not a mapping of config keys (a params file needs "
                           "base, methods, grid)")
-    return params_from_dict(values, source=str(path))
+    params = params_from_dict(values, source=str(path))
+    check_factor_grids(params, Path(path))
+    return params
+
+
+def check_factor_grids(params: ParamsFile, path: Path) -> None:
+    """The factors of other grids name methods of those grids' files (where the files exist); else one
+    ConfigError naming this file, the factor's key and the other file."""
+    for grid in dict.fromkeys(params.report.factor_grid(factor) for factor in params.report.factors):
+        other = other_grid_file(grid, path) if grid != params.report.name else None
+        if other is None:
+            continue
+        values = read_yaml(other)
+        values = values if isinstance(values, Mapping) else {}
+        methods = values.get("methods") if isinstance(values.get("methods"), Mapping) else {}
+        sections = [values[key] for key in ("grid", "ablation") if isinstance(values.get(key), Mapping)]
+        partitions = list(dict.fromkeys(tag for section in sections for tag in section.get("partitions") or []))
+        problems = params.report.method_problems(methods, grid, partitions)
+        if problems:
+            raise ConfigError(f"{path}: {problems[0]} ({other})")

@@ -4,13 +4,17 @@
 # the order below, skipping a run whose metrics are already in the clone or published under
 # docs/results/<grid>/ of REPO. A run cut short resumes from its last round with the same command.
 #
-#   nohup nice -n 19 bash docs/results/sensitivity/campaign.sh REPO COMMIT WORKDIR > campaign.log 2>&1 &
+#   cp docs/results/sensitivity/campaign.sh /tmp/ && nohup nice -n 19 bash /tmp/campaign.sh REPO COMMIT WORKDIR > campaign.log 2>&1 &
 #
+# (bash reads a script as it runs: run a copy, so that a checkout or an edit of this file cannot change it.)
 # REPO: the repository to clone (and to read published metrics from); COMMIT: the commit every run
 # trains at; WORKDIR: where the clones live (one .venv, made by the first clone's `make install`).
 set -uo pipefail
 repo=$(cd "$1" && pwd) commit=$2 work=$3
 mkdir -p "$work"
+# The offline dataset mirror (as the Makefile finds it beside the checkout).
+export FEDCME_DATA_MIRROR=${FEDCME_DATA_MIRROR:-$(cd "$repo/.." && pwd)/shared/data}
+export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_DISABLE_TELEMETRY=true DVC_NO_ANALYTICS=1
 
 checkout() {  # grid name -> a clone at $commit whose params.yaml is configs/params-<grid>.yaml
     local dir="$work/$1"
@@ -37,7 +41,8 @@ run() {  # grid, method, partition tag, K, M, seed[, stage kind]
     echo "$(date -u +%FT%TZ) start $grid $experiment"
     (cd "$work/$grid" && PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m flows.repro \
         "$kind@$method-cifar10-$partition-clients0-$seed")
-    echo "$(date -u +%FT%TZ) end $grid $experiment rc=$?"
+    local status=$?
+    echo "$(date -u +%FT%TZ) end $grid $experiment rc=$status"
 }
 
 # 1. The seed-0 screen: the references, then every factor (reading factors, then setup factors).

@@ -1,0 +1,350 @@
+"""The sensitivity study's report: factor metadata, the paired comparisons (a)-(d), the seed-0 moves, the tool."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedcme_core.config_files import ConfigError
+from fedcme_core.metrics import split_summary, with_content_hash
+from fedcme_core.params import ReportSection, load_params, params_from_dict
+from flows import report_sensitivity as rs
+from flows.report_inputs import load_metrics
+from flows.seed_stats import PairedDifference
+
+from .conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "tools"))
+from publish_sensitivity import config_changes, main, publish_sensitivity  # noqa: E402
+
+SENSITIVITY = REPO_ROOT / "configs" / "params-sensitivity.yaml"
+T100 = REPO_ROOT / "docs" / "results" / "cifar10-t100"
+SEEDS3 = (0, 1, 2)
+
+
+# ----------------------------------------------------------------------------- hand-made entries
+def entry(method: str, seed: int, accuracy: float, partition: str = "a0.1") -> dict:
+    return {"experiment": f"cifar10-{partition}-k50m20-{method}-s{seed}", "method_name": method, "seed": seed,
+            "final_accuracy": accuracy, "partition": partition}
+
+
+def runs(method: str, accuracies: dict[int, float], partition: str = "a0.1") -> list[dict]:
+    return [entry(method, seed, value, partition) for seed, value in accuracies.items()]
+
+
+REPORT = ReportSection.model_validate({
+    "name": "main",
+    "references": {"fedavg": "fedavg", "fedrs": "fedrs", "fedcme": "fedcme", "twin": "twin"},
+    "factors": [
+        {"name": "f1", "label": "reading one", "fedcme": "f1", "twin": "f1-nx"},
+        {"name": "f2", "label": "reading two", "fedcme": "f2", "twin": "f2-nx"},
+        {"name": "f3", "label": "reading three", "fedcme": "f3", "twin": "f3-nx"},
+        {"name": "e4", "label": "setup E=4", "fedcme": "cme-e4", "twin": "cme-e4-nx", "fedavg": "avg-e4"},
+        {"name": "c2", "label": "setup #C=2", "fedcme": "fedcme", "twin": "twin", "fedavg": "fedavg",
+         "grid": "other", "setting": "c2"},
+    ],
+})
+FACTORS = ["f1", "f2", "f3", "e4", "c2"]
+
+
+def hand_made() -> dict[str, list[dict]]:
+    main_grid = [
+        *runs("fedcme", {0: 0.50, 1: 0.52, 2: 0.54}),
+        *runs("twin", {0: 0.49, 1: 0.52, 2: 0.55}),      # today's b: +1, 0, -1 points
+        *runs("fedavg", {0: 0.48, 1: 0.50, 2: 0.50}),    # today's c: +2, +2, +4
+        *runs("fedrs", {0: 0.51, 1: 0.51, 2: 0.51}),     # today's d: -1, +1, +3
+        *runs("f1", {0: 0.53, 1: 0.50}),                 # a: +3, -2 (two seeds)
+        *runs("f1-nx", {0: 0.52, 1: 0.49}),              # b: +1, +1
+        *runs("f2", {0: 0.515}),                         # a: +1.5 exactly, b: +2.5 (b - today's b: +1.5)
+        *runs("f2-nx", {0: 0.49}),
+        *runs("f3", {0: 0.5149}),                        # a: +1.49, b: +1.0 (shift 0): did not move
+        *runs("f3-nx", {0: 0.5049}),
+        *runs("cme-e4", {0: 0.47}), *runs("avg-e4", {0: 0.45}),  # e4's twin not run yet
+        entry("fedavg", 0, 0.99, partition="a0.5"),      # another setting of the grid: left out
+    ]
+    other_grid = runs("fedcme", {0: 0.30}, "c2") + runs("fedavg", {0: 0.20}, "c2")  # c2's twin not run yet
+    return {"main": main_grid, "other": other_grid}
+
+
+def rows():
+    return rs.comparisons(REPORT, hand_made(), "a0.1")
+
+
+def difference(factor: str, code: str) -> PairedDifference | None:
+    return rs.find(rows(), factor, code).difference
+
+
+def rounded(d: PairedDifference) -> dict[int, float]:
+    return {seed: round(100 * value, 6) for seed, value in d.by_seed.items()}
+
+
+def test_reference_differences_are_paired_seed_by_seed_with_a_p_value_at_three_seeds():
+    b, c, d = (difference(rs.REFERENCE, code) for code in "bcd")
+
+    assert rounded(b) == {0: 1.0, 1: 0.0, 2: -1.0} and (b.wins, b.losses) == (1, 1)
+    assert rounded(c) == {0: 2.0, 1: 2.0, 2: 4.0} and c.wins == 3
+    assert rounded(d) == {0: -1.0, 1: 1.0, 2: 3.0}
+    # c: mean 2.667, std 1.155 points, t = 4 with 2 degrees of freedom: p = 1 - 4 / sqrt(18) = 0.0572
+    assert rs.difference_text(c) == "+2.67 ± 1.15 (3)" and rs.p_text(c) == "0.057"
+    assert rs.p_text(b) == "1.000"
+
+
+def test_factor_differences_name_their_runs_and_give_n_below_3_instead_of_p():
+    a, b, c, d = (difference("f1", code) for code in "abcd")
+
+    assert rounded(a) == {0: 3.0, 1: -2.0} and (a.wins, a.n) == (1, 2)
+    assert rounded(b) == {0: 1.0, 1: 1.0} and b.wins == 2
+    assert rounded(c) == {0: 5.0, 1: 0.0} and c.wins == 1
+    assert rounded(d) == {0: 2.0, 1: -1.0}
+    assert rs.difference_text(a) == "+0.50 ± 3.54 (2)" and rs.p_text(a) == "n<3" and rs.p_text(b) == "n<3"
+    row = rs.find(rows(), "f1", "d")
+    assert (row.minuend, row.subtrahend) == (rs.Side("main", "f1", "a0.1"), rs.Side("main", "fedrs", "a0.1"))
+
+
+def test_setup_factors_use_their_own_fedavg_and_grid_and_missing_runs_are_none():
+    assert rounded(difference("e4", "c")) == {0: 2.0}           # cme-e4 - avg-e4, not - fedavg
+    assert difference("e4", "b") is None                          # its twin has not run
+    assert rounded(difference("c2", "c")) == {0: 10.0}           # the other grid's fedavg on c2
+    assert rounded(difference("c2", "a")) == {0: -20.0}          # c2's FedCME - today's FedCME
+    assert rs.is_setup(REPORT, REPORT.factors[3]) and rs.is_setup(REPORT, REPORT.factors[4])
+    assert not rs.is_setup(REPORT, REPORT.factors[0])
+    assert rs.difference_text(None) == "–" and rs.p_text(None) == "–"
+
+
+def test_seed0_moves_use_a_and_b_minus_todays_b_at_one_and_a_half_points():
+    moves = {move.factor: move for move in rs.seed0_moves(rows(), FACTORS)}
+
+    assert {name: move.status for name, move in moves.items()} == {
+        "f1": "moved", "f2": "moved", "f3": "did not move", "e4": "moved", "c2": "moved"}
+    assert round(100 * moves["f1"].b_shift, 6) == 0.0 and round(100 * moves["f2"].b_shift, 6) == 1.5
+    assert round(100 * moves["f3"].a, 6) == 1.49
+    assert moves["e4"].b_shift is None  # e4 moved on (a) alone: -3 points
+    assert rs.seed0_moves(rows(), ["f3"], points=1.4)[0].status == "moved"
+
+
+def test_a_factor_with_a_run_missing_and_a_small_a_is_pending():
+    entries = hand_made()
+    entries["main"] = [e for e in entries["main"] if e["method_name"] != "f3-nx"]
+
+    (move,) = rs.seed0_moves(rs.comparisons(REPORT, entries, "a0.1"), ["f3"])
+
+    assert move.status == "pending" and move.b_shift is None
+
+
+def test_the_answer_names_the_factors_whose_exchange_won_every_seed_and_beat_fedavg():
+    text = rs.answer_text(rows(), FACTORS)
+
+    # f1: b +1, +1 and c +2.5 in the mean; f2: b +2.5 (1 seed), c +3.5; f3: b +1, c +3.49.
+    assert "under 3 of the 3 factors with runs" in text
+    assert "f1 (b on 2/2 seeds; n<3: a screen, not a demonstration)" in text and "f2 (b on 1/1" in text
+    assert "Still without both runs of (b) and (c): e4, c2." in text
+
+
+def test_the_answer_says_plainly_when_no_reading_did_or_nothing_ran():
+    entries = hand_made()
+    for e in entries["main"]:
+        if e["method_name"] in ("f1-nx", "f2-nx", "f3-nx"):
+            e["final_accuracy"] = 0.9  # every twin beats its FedCME
+
+    assert rs.answer_text(rs.comparisons(REPORT, entries, "a0.1"), FACTORS).startswith(
+        "No reading did: under none of the 3 factors with runs")
+    assert rs.answer_text(rs.comparisons(REPORT, {}, "a0.1"), FACTORS).startswith("No factor has its runs yet")
+
+
+def test_two_runs_of_one_method_and_seed_are_one_error_naming_both():
+    entries = {"main": [entry("fedcme", 0, 0.5), {**entry("fedcme", 0, 0.6), "experiment": "copy"}]}
+
+    with pytest.raises(ValueError, match=r"'cifar10-a0\.1-k50m20-fedcme-s0' and 'copy' are both fedcme with seed 0"):
+        rs.side_accuracies(entries, rs.Side("main", "fedcme"))
+
+
+def test_factors_csv_has_a_row_per_factor_and_comparison_in_fractions():
+    table = list(csv.DictReader(io.StringIO(rs.factors_csv(rows(), {"f1": "reading one"}, {"f1": "reading"},
+                                                           rs.seed0_moves(rows(), FACTORS)))))
+
+    assert len(table) == 3 + 4 * len(FACTORS)
+    f1a = next(row for row in table if (row["factor"], row["comparison"]) == ("f1", "a"))
+    assert (f1a["n"], f1a["seeds"], f1a["wins"], f1a["losses"], f1a["p_value"], f1a["moved"]) == (
+        "2", "0;1", "1", "1", "n<3", "moved")
+    assert abs(float(f1a["mean"]) - 0.005) < 1e-12 and f1a["label"] == "reading one"
+    reference_c = next(row for row in table if (row["factor"], row["comparison"]) == ("reference", "c"))
+    assert abs(float(reference_c["p_value"]) - 0.0572) < 1e-3
+    e4b = next(row for row in table if (row["factor"], row["comparison"]) == ("e4", "b"))
+    assert (e4b["n"], e4b["mean"], e4b["p_value"], e4b["subtrahend_method"]) == ("0", "", "", "cme-e4-nx")
+
+
+# ----------------------------------------------------------------------------- factor metadata in grid files
+def sensitivity_values() -> dict:
+    return yaml.safe_load(SENSITIVITY.read_text())
+
+
+def write_grid(folder: Path, values: dict, name: str = "params-sensitivity.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def test_the_shipped_sensitivity_file_names_every_factor_and_trains_its_runs():
+    params = load_params(SENSITIVITY)
+    c2 = load_params(REPO_ROOT / "configs" / "params-sensitivity-c2.yaml")
+    report = params.report
+
+    assert [factor.name for factor in report.factors] == [
+        "sample-mean", "sample-sum", "sample-sum-mu01", "class-mean-sum", "classifier2", "optimizer-swap",
+        "class-counts", "e4", "noaug", "c2"]
+    assert report.references.model_dump() == {"fedavg": "fedavg", "fedrs": "fedrs-a05", "fedcme": "fedcme-mu001",
+                                              "twin": "fedcme-no-exchange"}
+    trained = {"sensitivity": set(params.grid.methods) | set(params.ablation.methods), "sensitivity-c2":
+               set(c2.grid.methods)}
+    for factor in report.factors:
+        assert set(factor.methods(report.references).values()) <= trained[report.factor_grid(factor)], factor.name
+
+
+def test_the_report_keys_change_no_cell_config():
+    values = sensitivity_values()
+    bare = {**values, "report": {key: values["report"][key] for key in ("name", "target_accuracy", "published")}}
+    with_factors, without = params_from_dict(values), params_from_dict(bare)
+
+    cells = list(with_factors.all_cells())
+    assert cells == list(without.all_cells()) and len(cells) == 31
+    assert all(with_factors.cell_config(*cell) == without.cell_config(*cell) for cell in cells)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda r: r["factors"][1].update(twin="sample-sum-nxx"),
+     r"report\.factors\.1\.twin: sample-sum-nxx \(sample-sum\) not defined in methods$"),
+    (lambda r: r["references"].update(fedrs="fedrs-a5"),
+     r"report\.references\.fedrs: fedrs-a5 not defined in methods$"),
+    (lambda r: r.pop("references"), r"yaml: report\.factors: needs report\.references"),
+    (lambda r: r["factors"][2].update(name="sample-mean"),
+     r"yaml: report\.factors: names must differ, sample-mean given twice$"),
+    (lambda r: r["factors"][2].update(name="reference"), r"yaml: report\.factors: 'reference' names today's readings"),
+    (lambda r: r["factors"][0].update(setting="b3"), r"report\.factors\.0\.setting: .*b3"),
+    (lambda r: r["factors"][0].update(setting="a0.5"), r"report\.factors\.0\.setting: a0\.5 \(sample-mean\) is not a "
+                                                       r"partition of the sensitivity grid \(its partitions: a0\.1\)$"),
+    (lambda r: r["factors"][0].update(colour="red"), r"report\.factors\.0\.colour"),
+    (lambda r: r["factors"][0].pop("twin"), r"report\.factors\.0\.twin: missing$"),
+])
+def test_bad_factor_metadata_is_one_line_naming_the_key(tmp_path, change, message):
+    values = sensitivity_values()
+    change(values["report"])
+    path = write_grid(tmp_path, values)
+
+    with pytest.raises(ConfigError, match=message) as raised:
+        load_params(path)
+    assert "\n" not in str(raised.value) and str(raised.value).startswith(str(path))
+
+
+def test_a_factor_of_another_grid_is_checked_against_that_grid_file_when_it_exists(tmp_path):
+    values = sensitivity_values()
+    values["report"]["factors"][-1]["twin"] = "fedcme-no-exchange-x"
+    path = write_grid(tmp_path, values)
+
+    assert load_params(path).report.factors[-1].twin == "fedcme-no-exchange-x"  # no sensitivity-c2 file here
+    shutil.copy(REPO_ROOT / "configs" / "params-sensitivity-c2.yaml", tmp_path / "params-sensitivity-c2.yaml")
+    with pytest.raises(ConfigError, match=r"report\.factors\.9\.twin: fedcme-no-exchange-x \(c2\) not defined in "
+                                          r"methods of the sensitivity-c2 grid \(.*params-sensitivity-c2\.yaml\)$"):
+        load_params(path)
+
+
+# ----------------------------------------------------------------------------- the tool, end to end
+def publish_copy(source: str, target: Path, grid: str, method: str, seed: int, partition: str = "a0.1") -> None:
+    """Copy a committed T=100 run as `method`'s seed-`seed` run of a sensitivity grid (rehashed, in split form)."""
+    about = json.loads((T100 / "about" / f"{source}.json").read_text())
+    results = json.loads((T100 / f"{source}.json").read_text())
+    name = f"cifar10-{partition}-k50m20-{method}-s{seed}"
+    about.update(experiment=name, method_name=method, method=method, seed=seed, partition=partition,
+                 group="main" if grid != "sensitivity" or method in ("fedavg", "fedcme-mu001") else "ablation")
+    about.pop("content_sha256")
+    results_part, about_part = split_summary(with_content_hash({**results, **about}))
+    folder = target / grid
+    (folder / "about").mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(results_part))
+    (folder / "about" / f"{name}.json").write_text(json.dumps(about_part))
+    shutil.copy(T100 / f"{source}.csv", folder / f"{name}.csv")
+
+
+def accuracy(source: str) -> float:
+    return json.loads((T100 / f"{source}.json").read_text())["final_accuracy"]
+
+
+def real_results(tmp_path: Path) -> Path:
+    results = tmp_path / "docs" / "results"
+    run = "cifar10-a0.1-k50m20-{}-s{}"
+    for seed in SEEDS3:
+        publish_copy(run.format("fedavg", seed), results, "sensitivity", "fedavg", seed)
+        publish_copy(run.format("fedcme-mu001", seed), results, "sensitivity", "fedcme-mu001", seed)
+        publish_copy(run.format("fedrs-a05", seed), results, "sensitivity", "fedrs-a05", seed)
+    publish_copy(run.format("fedcme-no-exchange", 0), results, "sensitivity", "fedcme-no-exchange", 0)
+    publish_copy(run.format("fedcme-mu01", 0), results, "sensitivity", "sample-mean", 0)
+    publish_copy(run.format("fedcme-no-alignment", 0), results, "sensitivity", "sample-mean-nx", 0)
+    publish_copy(run.format("fedprox-mu001", 0), results, "sensitivity-c2", "fedavg", 0, "c2")
+    publish_copy(run.format("moon-mu1", 0), results, "sensitivity-c2", "fedcme-mu001", 0, "c2")
+    return results
+
+
+def test_the_tool_writes_the_report_and_the_factor_csv_from_published_metrics(tmp_path):
+    results = real_results(tmp_path)
+    assert len(load_metrics(results / "sensitivity")) == 12
+
+    written = publish_sensitivity(SENSITIVITY, results)
+
+    docs = tmp_path / "docs"
+    assert set(written) == {docs / "results-sensitivity.md", results / "sensitivity-factors.csv",
+                            docs / "results-sensitivity-factors.png"}
+    table = list(csv.DictReader(io.StringIO((results / "sensitivity-factors.csv").read_text())))
+    assert len(table) == 3 + 4 * 10
+    by_key = {(row["factor"], row["comparison"]): row for row in table}
+    sample_mean_a = by_key[("sample-mean", "a")]
+    expected = accuracy("cifar10-a0.1-k50m20-fedcme-mu01-s0") - accuracy("cifar10-a0.1-k50m20-fedcme-mu001-s0")
+    assert (sample_mean_a["n"], sample_mean_a["seeds"], sample_mean_a["p_value"]) == ("1", "0", "n<3")
+    assert float(sample_mean_a["mean"]) == pytest.approx(expected)
+    today_c = by_key[("reference", "c")]
+    assert (today_c["n"], today_c["seeds"]) == ("3", "0;1;2") and float(today_c["p_value"]) > 0
+    assert float(by_key[("c2", "c")]["mean"]) == pytest.approx(
+        accuracy("cifar10-a0.1-k50m20-moon-mu1-s0") - accuracy("cifar10-a0.1-k50m20-fedprox-mu001-s0"))
+    assert (by_key[("c2", "c")]["minuend_grid"], by_key[("c2", "b")]["n"]) == ("sensitivity-c2", "0")
+    assert by_key[("e4", "a")]["n"] == "0" and by_key[("e4", "a")]["moved"] == "pending"
+
+    report = (docs / "results-sensitivity.md").read_text()
+    for text in ("## The factors", "| sample-mean | reading | alignment per sample, mean over dimensions | "
+                 "algorithm.align_loss: class_mean → sample |", "## (a) FedCME with this reading − today's FedCME",
+                 "## Which factors moved on seed 0", "## The answer", "Still without both runs of (b) and (c)",
+                 "![curves per factor](results-sensitivity-factors.png)", "– (not run yet)", "n<3",
+                 "| c2 (setup) | fedcme-mu001 (sensitivity-c2) − fedcme-mu001 |", "CIFAR-10 α=0.1 K=50 M=20, T=50"):
+        assert text in report, text
+    png = (docs / "results-sensitivity-factors.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24])[0] <= 1200
+
+
+def test_the_tool_on_no_published_runs_writes_a_report_of_missing_runs(tmp_path, capsys):
+    results = tmp_path / "docs" / "results"
+    (results / "sensitivity").mkdir(parents=True)
+    (results / "sensitivity" / "NOTE.md").write_text("note")
+
+    assert main(["--params", str(SENSITIVITY), "--results", str(results)]) == 0
+
+    report = (tmp_path / "docs" / "results-sensitivity.md").read_text()
+    assert "No factor has its runs yet, so nothing can be said." in report and "Moved: none yet." in report
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_the_tool_without_factors_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["--params", str(REPO_ROOT / "configs" / "params-sensitivity-c2.yaml"), "--results", str(tmp_path)])
+
+    assert raised.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("report.factors: none given, nothing to compare")
+
+
+def test_config_changes_lists_each_differing_dotted_key_but_the_seed():
+    assert config_changes({"seed": 0, "training": {"local_epochs": 10, "lr": 0.01}},
+                          {"seed": 1, "training": {"local_epochs": 4, "lr": 0.01}}) == ["training.local_epochs: 10 → 4"]

@@ -1,0 +1,205 @@
+"""The sensitivity study's report: every factor of a grid file's ``report.factors`` against today's readings.
+
+    python tools/publish_sensitivity.py --params configs/params-sensitivity.yaml [--results docs/results]
+        [--markdown docs/results-sensitivity.md] [--csv docs/results/sensitivity-factors.csv]
+        [--png docs/results-sensitivity-factors.png]
+
+Reads the published metrics of the grid (``<results>/<report.name>/``) and of the other grids its
+factors name (``<results>/<grid>/``, e.g. sensitivity-c2), and writes the Markdown report (the setting,
+what each factor is, the final accuracies, the paired differences (a)-(d) of
+:mod:`flows.report_sensitivity`, the factors that moved on seed 0, the curves and "## The answer"), the
+figure of the curves, and the CSV with one row per factor and comparison. A run not published yet
+is shown as missing, so the report is rebuilt as runs arrive. Run it after each
+``tools/publish_results.py --grid sensitivity``, which writes the grid's generic report to the same
+Markdown path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fedcme_core.checkpoints import atomic_write_bytes  # noqa: E402
+from fedcme_core.params import ParamsFile, load_params, setting_label  # noqa: E402
+from fedcme_core.params_factors import other_grid_file  # noqa: E402
+from flows import report_sensitivity as rs  # noqa: E402
+from flows.report_inputs import load_metrics  # noqa: E402
+from flows.report_sensitivity_figure import factor_panels_png  # noqa: E402
+
+IGNORED_CHANGES = ("seed",)
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_changes(reference: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+    """"training.local_epochs: 10 → 4" for every dotted key whose value differs (the seed left out)."""
+    before, after = flatten(reference), flatten(other)
+    return [f"{key}: {before.get(key)} → {after.get(key)}" for key in sorted(set(before) | set(after))
+            if key not in IGNORED_CHANGES and before.get(key) != after.get(key)]
+
+
+def cell_of(params: ParamsFile, method: str, partition: str | None) -> tuple:
+    """The seed-0 grid cell of `method` in the grid's first dataset and (K, M) (and `partition`, else its first)."""
+    clients, per_round = params.grid.clients[0]
+    return method, params.grid.datasets[0], partition or params.grid.partitions[0], clients, per_round, 0
+
+
+def load_entries(results: Path, grids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """{grid: the published entries of <results>/<grid>/}; a grid without a folder has none."""
+    return {grid: load_metrics(results / grid) if (results / grid).is_dir() else [] for grid in grids}
+
+
+def relative(target: Path, markdown: Path) -> str:
+    return Path(os.path.relpath(Path(target).resolve(), Path(markdown).resolve().parent)).as_posix()
+
+
+def factor_rows(params: ParamsFile, grids: Mapping[str, ParamsFile | None], partition: str | None,
+                entries: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[list[list[str]], list[list[str]]]:
+    """The rows of "what each factor is" and of the final accuracies (%), today's readings first."""
+    report = params.report
+    today = rs.reference_sides(report, partition)
+    today_config = params.cell_config(*cell_of(params, report.references.fedcme, partition)).model_dump(mode="json")
+    accuracy = [[rs.REFERENCE, *(rs.stats_text(rs.side_accuracies(entries, today[role]))
+                                 for role in ("fedcme", "twin", "fedavg")), today["fedcme"].grid]]
+    what = []
+    for factor in report.factors:
+        sides = rs.factor_sides(report, factor, partition)
+        grid_params = grids.get(sides["fedcme"].grid)
+        if grid_params is None:
+            changes = f"(the {sides['fedcme'].grid} grid file is not here)"
+        else:
+            config = grid_params.cell_config(*cell_of(grid_params, factor.fedcme, factor.setting or partition))
+            changes = "; ".join(config_changes(today_config, config.model_dump(mode="json"))) or "nothing"
+        kind = "setup" if rs.is_setup(report, factor) else "reading"
+        what.append([factor.name, kind, factor.label, changes,
+                     f"{sides['fedcme'].method} / {sides['twin'].method} / {sides['fedavg'].method}"])
+        accuracy.append([factor.name, *(rs.stats_text(rs.side_accuracies(entries, sides[role]))
+                                        for role in ("fedcme", "twin", "fedavg")), sides["fedcme"].grid])
+    return what, accuracy
+
+
+def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], partition: str | None,
+                    entries: Mapping[str, Sequence[Mapping[str, Any]]], rows: Sequence[rs.Comparison],
+                    moves: Sequence[rs.Move], links: Mapping[str, str]) -> str:
+    """The report's Markdown text (see the module's docstring); `links`: the figure's and the NOTE's paths."""
+    report = params.report
+    cell = cell_of(params, report.references.fedcme, partition)
+    config = params.cell_config(*cell)
+    training, federation = config.training, config.federation
+    what, accuracy = factor_rows(params, grids, partition, entries)
+    setup = [factor.name for factor in report.factors if rs.is_setup(report, factor)]
+    moved = [move.factor for move in moves if move.status == "moved"]
+    pending = [move.factor for move in moves if move.status == "pending"]
+    parts = [
+        f"# FedCME sensitivity study: the {report.name} grid\n",
+        "Does FedCME help under any faithful reading of the paper? Every open reading is run one factor at a time "
+        "as FedCME(0.01) with that reading beside its own no-exchange twin; a setup factor also with FedAvg under "
+        f"that setup. How the runs are made: [NOTE.md]({links['note']}).\n",
+        f"Setting of today's readings: {setting_label(*cell[1:5])}, T={federation.rounds}, "
+        f"E={training.local_epochs}, batch {training.batch_size}, SGD lr {training.lr}, momentum {training.momentum}, "
+        f"weight decay {training.weight_decay}, augmentation {config.augmentation}, {config.model.name}, "
+        f"precision {training.precision}. Final accuracy = mean test accuracy of the last rounds "
+        "(`final_accuracy`, the last 5). Differences are paired seed by seed over the seeds both runs have: "
+        "mean ± sample std (n) in percentage points, seeds won = seeds with a positive difference, p = paired "
+        "t-test (two-sided), given only from 3 seeds (n<3 otherwise). – = not run yet.\n",
+        "## The factors\n",
+        rs.table(["Factor", "Kind", "What it is", "What changes against today's FedCME", "FedCME / twin / FedAvg"],
+                 what),
+        "## Final test accuracy (%)\n",
+        "Mean ± std (n) over seeds; `reference` is today's readings.\n",
+        rs.table(["Factor", "FedCME (%)", "No-exchange twin (%)", "FedAvg (%)", "Grid"], accuracy, numeric=(1, 2, 3)),
+    ]
+    for code, heading in rs.COMPARISONS.items():
+        parts += [f"## ({code}) {heading}\n", rs.comparison_table(rows, code, setup, report.name)]
+    parts += [
+        "For a setup factor (marked (setup)), (a) also holds the setup's effect on training itself, (c) is against "
+        "the FedAvg of that setup, and (d) against FedRS trained under today's setup.\n",
+        "## Which factors moved on seed 0\n",
+        f"A factor moved when |(a)| or |(b) − today's (b)| is {rs.MOVE_POINTS} points or more on seed 0; "
+        "it then trains seeds 1 and 2.\n",
+        rs.moves_table(moves),
+        f"Moved: {', '.join(moved) or 'none yet'}." + (f" Pending (a run missing): {', '.join(pending)}." if pending
+                                                       else "") + "\n",
+        "## Test accuracy per round\n",
+        f"![curves per factor]({links['figure']})\n",
+        "## The answer\n",
+        rs.answer_text(rows, [factor.name for factor in report.factors]),
+    ]
+    return "\n".join(parts)
+
+
+def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None = None, output_csv: Path | None = None,
+                        png: Path | None = None) -> list[Path]:
+    """Write the report, its figure and the factors' CSV (each atomically); returns the paths written.
+    Raises ConfigError (a ValueError) for a bad grid file and ValueError for a bad metrics file."""
+    params = load_params(params_path)
+    report = params.report
+    if report.references is None or not report.factors:
+        raise ValueError(f"{params_path}: report.factors: none given, nothing to compare")
+    docs = Path(results).parent
+    markdown = Path(markdown or docs / f"results-{report.name}.md")
+    output_csv = Path(output_csv or Path(results) / f"{report.name}-factors.csv")
+    png = Path(png or docs / f"results-{report.name}-factors.png")
+    names = list(dict.fromkeys([report.name, *(report.factor_grid(factor) for factor in report.factors)]))
+    grids = {report.name: params}
+    for name in names[1:]:
+        other = other_grid_file(name, Path(params_path))
+        grids[name] = load_params(other) if other is not None else None
+    partition = params.grid.partitions[0] if len(params.grid.partitions) == 1 else None
+    entries = load_entries(Path(results), names)
+    rows = rs.comparisons(report, entries, partition)
+    moves = rs.seed0_moves(rows, [factor.name for factor in report.factors])
+    today = rs.reference_sides(report, partition)
+    panels = [(f"{factor.name}: {factor.label}", {**rs.factor_sides(report, factor, partition),
+                                                   "today_fedcme": today["fedcme"], "today_twin": today["twin"]})
+              for factor in report.factors]
+    kinds = {rs.REFERENCE: "reference", **{factor.name: "setup" if rs.is_setup(report, factor) else "reading"
+                                           for factor in report.factors}}
+    labels = {rs.REFERENCE: "today's readings", **{factor.name: factor.label for factor in report.factors}}
+    writes = {
+        png: factor_panels_png(panels, entries, {name: Path(results) / name for name in names}),
+        markdown: report_markdown(params, grids, partition, entries, rows, moves, {
+            "figure": relative(png, markdown), "note": relative(Path(results) / report.name / "NOTE.md", markdown),
+        }).encode(),
+        output_csv: rs.factors_csv(rows, labels, kinds, moves).encode(),
+    }
+    for path, content in writes.items():
+        atomic_write_bytes(path, content)
+    return list(writes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tools/publish_sensitivity.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, required=True, help="the grid file with report.factors")
+    parser.add_argument("--results", type=Path, default=Path("docs/results"),
+                        help="the folder of published grids (<results>/<grid>/)")
+    parser.add_argument("--markdown", type=Path, default=None, help="default: <results>/../results-<grid>.md")
+    parser.add_argument("--csv", type=Path, default=None, help="default: <results>/<grid>-factors.csv")
+    parser.add_argument("--png", type=Path, default=None, help="default: <results>/../results-<grid>-factors.png")
+    arguments = parser.parse_args(argv)
+    try:
+        written = publish_sensitivity(arguments.params, arguments.results, arguments.markdown, arguments.csv,
+                                      arguments.png)
+    except ValueError as error:  # a ConfigError too
+        parser.exit(2, f"error: {error}\n")
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
