@@ -11,7 +11,8 @@ round loop in this process without orchestrator or tracking; ``serve`` serves th
 flow as a scheduled Prefect deployment. All resume ``runs/NAME`` when it holds a partial run
 of the same config. ``sync`` logs a run directory's rounds and model into MLflow when
 tracking failed during training. ``check`` validates whole params files (every section and
-every grid cell) and that each holds every params path ``dvc.yaml`` reads.
+every grid cell) and that each holds every params path ``dvc.yaml`` reads. A run directory
+belongs to one command at a time: a second one on it stops at once (``fedcme_core.rounds.lock``).
 """
 
 from __future__ import annotations
@@ -37,12 +38,26 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def simulate(arguments: argparse.Namespace) -> int:
+    """Run the experiment in this process, holding its run directory (one command at a time)."""
     from fedcme_core.config import load_config
-    from fedcme_core.records import round_line
-    from fedcme_core.rounds import completed_rounds, experiment_run_dir, run_experiment
+    from fedcme_core.rounds import experiment_run_dir, load_experiment_dataset
+    from fedcme_core.rounds.lock import hold_run
+
+    from .command import check_device
 
     config = load_config(arguments.config, overrides=dict(arguments.overrides))
     run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
+    load_experiment_dataset(config.data, config.seed)  # a bad dataset or device stops here, before anything is written
+    check_device(config.device)
+    with hold_run(run_dir):
+        return simulate_held(arguments, config, run_dir)
+
+
+def simulate_held(arguments: argparse.Namespace, config, run_dir) -> int:
+    """`simulate` past its checks, its run directory held: the rounds, each as a line, and a JSON summary."""
+    from fedcme_core.records import round_line
+    from fedcme_core.rounds import completed_rounds, run_experiment
+
     first_round = completed_rounds(run_dir) if run_dir.exists() else 0
     total = config.federation.rounds
     print(f"experiment {arguments.experiment}: {config.algorithm.name} on {config.data.dataset}, "
@@ -111,11 +126,17 @@ def serve(arguments: argparse.Namespace) -> int:
 
 
 def sync(arguments: argparse.Namespace) -> int:
+    """Log a run directory into MLflow, holding it (a run still training logs its own rounds)."""
+    import contextlib
+
     from fedcme_core.rounds import experiment_run_dir
+    from fedcme_core.rounds.lock import hold_run
 
     from .sync import sync_run
 
-    summary = sync_run(experiment_run_dir(arguments.runs_dir, arguments.experiment), arguments.tracking_uri)
+    run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
+    with hold_run(run_dir) if run_dir.is_dir() else contextlib.nullcontext():  # none: sync_run says what is wrong
+        summary = sync_run(run_dir, arguments.tracking_uri)
     print(json.dumps(summary))
     return 0
 

@@ -44,6 +44,17 @@ def known_errors() -> tuple[type[Exception], ...]:
             OrchestratorError)
 
 
+def check_device(setting: str) -> None:
+    """A config's `device` this machine has, else a ConfigError (one line; `cuda` without a GPU)."""
+    from fedcme_core.config import ConfigError
+    from fedcme_core.models import resolve_device
+
+    try:
+        resolve_device(setting)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
 def report_errors(action: Callable[[], int]) -> int:
     """Run `action`; a known bad input becomes one line on stderr and exit status 2.
 

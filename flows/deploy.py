@@ -17,7 +17,8 @@ from typing import Any
 
 from fedcme_core.config import ConfigError, load_config
 
-from .train import make_task_runner, train_flow
+from .tasks import make_task_runner
+from .train import train_flow
 
 
 def training_deployment(

@@ -6,7 +6,9 @@ Prefect's whole server app (4 s here) only to launch it, and then waits for the 
 start (5-8 s warm). `temporary_prefect_server` launches the same server app (the uvicorn
 command of Prefect's `SubprocessASGIServer`) before those imports, so the server starts on one
 core while the command imports on the other, and points this process and its children at it.
-With an API URL configured (environment, profile or prefect.toml) it does nothing.
+With an API URL configured (environment, profile or prefect.toml) it does nothing. Several
+commands started at once on a fresh $PREFECT_HOME take turns to set its database up (the first
+server's migrations run alone), then run side by side.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .errors import OrchestratorError
+from .shared_stores import FirstUse, sqlite_file
 
 # Prefect's SubprocessASGIServer: the server app without UI and with ephemeral-mode services.
 SERVER_ENVIRONMENT = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
@@ -34,31 +37,64 @@ _running: list[TemporaryServer] = []  # the server of the active `temporary_pref
 
 
 class TemporaryServer:
-    """A Prefect server process on 127.0.0.1, stopped with `stop` (or when this process dies)."""
+    """A Prefect server process on 127.0.0.1, stopped with `stop` (or when this process dies).
+
+    A server's start-up creates or migrates the sqlite database under $PREFECT_HOME; on its first
+    use (:class:`~flows.shared_stores.FirstUse`) one server at a time does that: a server launched
+    while another command's is setting the database up waits, unlaunched, until `wait_ready`."""
 
     def __init__(self) -> None:
         self.port = free_port()
-        self.process = _launch(self.port)
         self.ready = False
+        self.setup = database_setup()
+        self.process: subprocess.Popen | None = _launch(self.port) if self._may_launch_now() else None
 
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
 
+    def _may_launch_now(self) -> bool:
+        """True when the database is set up, or this server is to set it up (the lock is ours)."""
+        if self.setup is None or self.setup.is_done():
+            return True
+        if not self.setup.try_begin():
+            return False
+        if self.setup.is_done():  # set up by another command between the two looks
+            self.setup.abandon()
+        return True
+
     def wait_ready(self, timeout: float) -> None:
         """Block until the server answers its health check; a server that cannot start is an error."""
         try:
+            if self.process is None:
+                if not self.setup.begin(timeout):
+                    raise OrchestratorError(
+                        f"another command has been setting up Prefect's database {self.setup.database} for over "
+                        f"{timeout:.0f} s (it holds {self.setup.lock.path}); try again when it has started")
+                if self.setup.is_done():
+                    self.setup.abandon()
+                self.process = _launch(self.port)
             wait_until_healthy(self.process, self.api_url, timeout, "the temporary Prefect server")
         except OrchestratorError:
             self.stop()
             raise
         self.ready = True
+        if self.setup is not None:
+            self.setup.finish()  # records the set-up when this server did it; lets go of the lock
 
     def stop(self) -> None:
         """SIGTERM and 5 s for a server that answered (it finishes its writes); SIGKILL at once for
         one still starting, which holds no record of ours and would finish its whole start-up
-        before it handled the SIGTERM (about 10 s here)."""
-        if self.process.poll() is not None:
+        before it handled the SIGTERM (about 10 s here). A database set-up left unfinished is let
+        go only once its server is gone."""
+        try:
+            self._stop_process()
+        finally:
+            if self.setup is not None:
+                self.setup.abandon()
+
+    def _stop_process(self) -> None:
+        if self.process is None or self.process.poll() is not None:
             return
         if self.ready:
             self.process.terminate()
@@ -69,6 +105,17 @@ class TemporaryServer:
                 pass
         self.process.kill()
         self.process.wait()
+
+
+def database_setup() -> FirstUse | None:
+    """The first-use lock of the server's sqlite database (None for another database)."""
+    from prefect import __version__
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url
+    text = url.get_secret_value() if hasattr(url, "get_secret_value") else str(url or "")
+    database = sqlite_file(text)
+    return None if database is None else FirstUse(database, "prefect", __version__)
 
 
 @contextlib.contextmanager

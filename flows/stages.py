@@ -43,6 +43,7 @@ from fedcme_core.params import ParamsFile, load_params, setting_label
 from fedcme_core.partition import class_counts
 from fedcme_core.partition_tags import parse_partition_tag, partition_label
 from fedcme_core.partition_file import save_partition
+from fedcme_core.rounds.lock import hold_run
 
 PARAMS = "params.yaml"
 def prepared_dir(dataset: str) -> Path:
@@ -148,14 +149,16 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
     experiment = experiment_name(*cell)
     config = params.cell_config(*cell, prepared_dir=str(prepared_dir(arguments.dataset)), source=arguments.params)
     run_dir = Path(arguments.runs_dir) / experiment
-    if not run_directory_matches(config, run_dir):
-        print(f"{experiment}: the config changed; starting this run over")
-        shutil.rmtree(run_dir)
     partition_file = Path("data/partitions") / partition_name(
         arguments.dataset, arguments.partition, arguments.clients, arguments.seed
     ) / "partition.npz"
-    run_training(config, experiment, runs_dir=arguments.runs_dir, partition_file=str(partition_file))
-    final_state = load_server_state(run_dir, completed_rounds(run_dir))
+    # Held from before a changed run is removed until its final state is read: no other command's run is lost.
+    with hold_run(run_dir):
+        if not run_directory_matches(config, run_dir):
+            print(f"{experiment}: the config changed; starting this run over")
+            shutil.rmtree(run_dir)
+        run_training(config, experiment, runs_dir=arguments.runs_dir, partition_file=str(partition_file))
+        final_state = load_server_state(run_dir, completed_rounds(run_dir))
     history = final_state["history"][: config.federation.rounds]
     identity = {
         "experiment": experiment,

@@ -11,7 +11,8 @@ from fedcme_core.config import config_from_dict
 from fedcme_core.rounds import RunError, RunPaths, completed_rounds, final_model, load_experiment_dataset, load_server_state
 
 from .errors import TrackingError
-from .tracking import RunTracker, resolve_tracking_uri
+from .tracking import RunTracker
+from .tracking_store import resolve_tracking_uri
 from .train import DEFAULT_MLFLOW_EXPERIMENT, run_tags
 
 

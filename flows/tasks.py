@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from prefect import task
 from prefect.cache_policies import NONE
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedcme_core import rounds
 from fedcme_core.config import ExperimentConfig, RunnerConfig
@@ -235,3 +236,26 @@ def _result_or_failure(future) -> Any | StepFailure:
         return unsealed(future.result())
     except Exception as error:  # the task failed after its retries: the round decides what follows
         return StepFailure.from_exception(error)
+
+
+def make_task_runner(runner: RunnerConfig):
+    """The Prefect task runner for the `runner` config section."""
+    workers, _ = worker_layout(runner)
+    if runner.kind == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        from .dask_cluster import local_cluster
+
+        if runner.dask_address:
+            return DaskTaskRunner(address=runner.dask_address)
+        return DaskTaskRunner(
+            cluster_class=local_cluster,
+            cluster_kwargs={
+                "n_workers": workers,
+                "threads_per_worker": 1,
+                "processes": True,
+                "host": "127.0.0.1",
+                "dashboard_address": None,
+            }
+        )
+    return ThreadPoolTaskRunner(max_workers=workers)

@@ -1,4 +1,4 @@
-"""MLflow tracking of a training run: the only module of the project that imports mlflow.
+"""MLflow tracking of a training run (with ``flows.tracking_store``, the only modules that import mlflow).
 
 One MLflow run per experiment, all in one MLflow experiment (default ``fedcme``) so the UI
 compares them (its id kept in the run directory, so a resumed experiment
@@ -10,10 +10,11 @@ final global model through ``mlflow.pytorch.log_model``. The run directory's his
 the source of truth: :meth:`RunTracker.sync` logs exactly the rounds MLflow lacks, so a
 crash between a round's commit and its logging leaves no step missing or duplicated.
 
-An unreachable tracking server is reported before training starts (:func:`check_reachable`,
-seconds, not MLflow's minutes of retries). A tracking failure mid-run never stops training:
-the tracker warns once and stops logging, the results stay in the run directory, and
-``fedcme sync`` logs them later.
+Opening the store is ``flows.tracking_store``'s (an unreachable server reported before training,
+a fresh sqlite store's schema created by one command at a time); a call that meets a busy sqlite
+store is retried with a bound (``flows.shared_stores.retry_busy``). A tracking failure mid-run
+never stops training: the tracker warns once (one line) and stops logging, the results stay in
+the run directory, and ``fedcme sync`` logs them later.
 """
 
 from __future__ import annotations
@@ -23,10 +24,7 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,8 @@ from fedcme_core.checkpoints import atomic_write_bytes
 from fedcme_core.records import RoundRecord
 
 from .errors import TrackingError
+from .shared_stores import is_busy, retry_busy
+from .tracking_store import check_reachable, experiment_named, first_line, open_client
 
 ROUND_METRICS = RoundRecord.metric_names()
 # What serving the logged model needs, stated (MLflow's own inference of it runs pip in a
@@ -49,57 +49,6 @@ PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlfl
 # MLflow retries an unanswered HTTP request for minutes by default; a run should learn sooner.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 MAX_PARAMS_PER_BATCH = 100
-
-
-def resolve_tracking_uri(explicit: str | None = None) -> str:
-    """--tracking-uri, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory."""
-    return explicit or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-
-
-def artifact_location(uri: str) -> str | None:
-    """Artifacts of a sqlite store live beside its database file (not in the working directory)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
-    return None
-
-
-def check_reachable(uri: str, timeout: float = 5.0) -> None:
-    """Raise TrackingError at once when an http(s) tracking server does not answer."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
-            pass
-    except urllib.error.HTTPError:
-        return  # something answered: MLflow's own calls will tell what is wrong
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise TrackingError(
-            f"MLflow tracking server {uri} is not reachable ({reason}); start it "
-            "(mlflow server --host 127.0.0.1) or use --tracking-uri sqlite:///mlflow.db"
-        ) from None
-
-
-def warm_up(uri: str) -> threading.Thread | None:
-    """Do now what the run needs of MLflow later, while the command waits for Prefect's server.
-
-    Opens the store (for sqlite, its schema check: 1.3 s here; MLflow keeps the store per URI)
-    and starts, on a daemon thread (returned), MLflow's map of installed distributions to modules,
-    which ``log_model``'s requirement check builds after the last round (3 s here). MLflow has no
-    public call for that map: where its helper is gone, the check builds it then, as before. A
-    store that cannot be opened is left to :meth:`RunTracker.open`, which says what is wrong in
-    one line."""
-    from mlflow.utils import requirements_utils
-
-    thread = None
-    if build_map := getattr(requirements_utils, "_init_packages_to_modules_map", None):
-        thread = threading.Thread(target=build_map, name="mlflow-packages", daemon=True)
-        thread.start()
-    try:
-        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-    except Exception:  # noqa: BLE001 - reported by RunTracker.open, before any training
-        pass
-    return thread
 
 
 def git_commit(directory: Path) -> str:
@@ -138,29 +87,25 @@ class RunTracker:
         for key, value in HTTP_DEFAULTS.items():
             os.environ.setdefault(key, value)
         check_reachable(uri)
-        client = MlflowClient(tracking_uri=uri)
         try:
-            found = client.get_experiment_by_name(mlflow_experiment)
-            experiment_id = (
-                found.experiment_id
-                if found is not None
-                else client.create_experiment(mlflow_experiment, artifact_location=artifact_location(uri))
-            )
+            client = open_client(uri)
+            experiment_id = retry_busy(lambda: experiment_named(client, mlflow_experiment, uri))
+            record_file = run_dir / "mlflow.json"
+            run_id = cls._reusable_run(client, record_file, uri)
+            if run_id is None:
+                run_id = retry_busy(lambda: client.create_run(experiment_id, run_name=run_name, tags=dict(tags))).info.run_id
+                items = [Param(key, json.dumps(value) if not isinstance(value, str) else value)
+                         for key, value in params.items()]
+                for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
+                    retry_busy(lambda: client.log_batch(run_id, params=items[start : start + MAX_PARAMS_PER_BATCH]))
+                record = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id}
+                atomic_write_bytes(record_file, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
+            else:
+                retry_busy(lambda: client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING)))
+        except TrackingError:
+            raise
         except Exception as error:  # mlflow raises MlflowException, OSError, requests errors...
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise TrackingError(f"MLflow tracking store {uri} is not usable: {reason}") from None
-        record_file = run_dir / "mlflow.json"
-        run_id = cls._reusable_run(client, record_file, uri)
-        if run_id is None:
-            run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
-            run_id = run.info.run_id
-            items = [Param(key, json.dumps(value) if not isinstance(value, str) else value) for key, value in params.items()]
-            for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
-                client.log_batch(run_id, params=items[start : start + MAX_PARAMS_PER_BATCH])
-            record = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id}
-            atomic_write_bytes(record_file, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
-        else:
-            client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+            raise TrackingError(f"MLflow tracking store {uri} is not usable: {first_line(error)}") from None
         return cls(client, uri, run_id, run_dir)
 
     @staticmethod
@@ -171,8 +116,10 @@ class RunTracker:
         if record.get("tracking_uri") != uri:
             return None
         try:
-            client.get_run(record["run_id"])
-        except Exception:
+            retry_busy(lambda: client.get_run(record["run_id"]))
+        except Exception as error:
+            if is_busy(error):
+                raise
             return None
         return record["run_id"]
 
@@ -181,10 +128,9 @@ class RunTracker:
         if self.failure is not None:
             return None
         try:
-            return action()
+            return retry_busy(action)
         except Exception as error:  # mlflow raises MlflowException, OSError, requests errors...
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            self.failure = f"{what}: {reason}"
+            self.failure = f"{what}: {first_line(error)}"
             print(
                 f"warning: MLflow tracking failed ({self.failure}); training goes on and its results are kept in "
                 f"{self.run_dir}; log them later with `fedcme sync --experiment {self.run_dir.name}`",

@@ -10,6 +10,7 @@ evaluate -> commit. The clients of a phase run on the configured task runner: ``
 127.0.0.1, or an existing scheduler). Re-running an experiment resumes after its last
 committed round and logs into the same MLflow run; :func:`flows.sync.sync_run` (``fedcme sync``)
 logs a run directory's rounds and model into MLflow after the fact (when tracking failed mid-run).
+A run directory belongs to one process at a time (``fedcme_core.rounds.lock``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from uuid import UUID
 import torch
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from prefect.task_runners import ThreadPoolTaskRunner
 
-from fedcme_core.config import ExperimentConfig, RunnerConfig, load_config
+from fedcme_core.config import ExperimentConfig, load_config
 from fedcme_core.rounds import (
     RunPaths,
     completed_rounds,
@@ -38,38 +38,19 @@ from fedcme_core.rounds import (
     load_experiment_dataset,
     run_compute_choice,
     run_experiment,
+    split_line,
 )
+from fedcme_core.rounds.lock import hold_run
 from fedcme_core.partition_file import load_partition
 from fedcme_core.records import round_line
 
-from .tasks import PrefectExecutor, worker_layout
-from .tracking import RunTracker, check_reachable, git_commit, resolve_tracking_uri, warm_up
+from .command import check_device
+from .tasks import PrefectExecutor, make_task_runner, worker_layout
+from .tracking import RunTracker, git_commit
+from .tracking_store import check_reachable, resolve_tracking_uri, warm_up
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_MLFLOW_EXPERIMENT = "fedcme"
-
-
-def make_task_runner(runner: RunnerConfig):
-    """The Prefect task runner for the `runner` config section."""
-    workers, _ = worker_layout(runner)
-    if runner.kind == "dask":
-        from prefect_dask import DaskTaskRunner
-
-        from .dask_cluster import local_cluster
-
-        if runner.dask_address:
-            return DaskTaskRunner(address=runner.dask_address)
-        return DaskTaskRunner(
-            cluster_class=local_cluster,
-            cluster_kwargs={
-                "n_workers": workers,
-                "threads_per_worker": 1,
-                "processes": True,
-                "host": "127.0.0.1",
-                "dashboard_address": None,
-            }
-        )
-    return ThreadPoolTaskRunner(max_workers=workers)
 
 
 def compute_line(choice) -> str:
@@ -151,6 +132,21 @@ def train(
     partition_file: str | None = None,
     mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
 ) -> dict[str, Any]:
+    """Train `experiment` holding its run directory (a command's process holds it already; a
+    deployment's run takes it here, and stops at once when another process holds it)."""
+    check_device(config.device)
+    with hold_run(experiment_run_dir(runs_dir, experiment)):
+        return train_held(config, experiment, runs_dir, tracking_uri, partition_file, mlflow_experiment)
+
+
+def train_held(
+    config: ExperimentConfig,
+    experiment: str,
+    runs_dir: str,
+    tracking_uri: str | None,
+    partition_file: str | None,
+    mlflow_experiment: str,
+) -> dict[str, Any]:
     logger = progress_logger()
     run_dir = experiment_run_dir(runs_dir, experiment)
     if config.runner.dask_address:  # workers elsewhere resolve the tasks' paths with their own working directory
@@ -178,7 +174,7 @@ def train(
         tracker.set_tags({"partition_hash": partition.content_hash, "compute": choice.compute.name,
                           "compute_chosen_by": choice.chosen_by,
                           "compute_samples_per_second": json.dumps(choice.samples_per_second, sort_keys=True)})
-        for line in [f"{experiment}: {compute_line(choice)}",
+        for line in [f"{experiment}: {compute_line(choice)}", f"{experiment}: {split_line(config)}",
                      *([f"{experiment}: resuming after round {len(history)} of {total}"] if history else [])]:
             print(line, flush=True)
             logger.info(line)
@@ -231,18 +227,28 @@ def run_training(config: ExperimentConfig | str | Path, experiment: str, ready: 
     `config` is the validated config (what the commands pass: parsed once), or a file read here
     with `overrides` and `config_section`; nothing is written for a bad one. `ready` (a command's
     wait for its Prefect server) is called just before the flow starts, after the work that needs
-    no Prefect: the checks, the dataset and the MLflow store (:func:`~flows.tracking.warm_up`)."""
+    no Prefect: the checks, the dataset and the MLflow store (:func:`~flows.tracking_store.warm_up`).
+    The run directory is held (:func:`fedcme_core.rounds.lock.hold_run`) from after the checks
+    until the end: a second command on it stops at once, in one line."""
     if not isinstance(config, ExperimentConfig):
         config = load_config(config, overrides=parameters.pop("overrides", None),
                              section=parameters.pop("config_section", None))
-    # A bad dataset or an unreachable tracking server stops us here, before anything is written.
+    # A bad dataset or device, or an unreachable tracking server, stops us here, before anything is written.
     load_experiment_dataset(config.data, config.seed)
+    check_device(config.device)
     uri = resolve_tracking_uri(parameters.get("tracking_uri"))
     check_reachable(uri)
     if config.runner.kind == "dask" and config.runner.dask_address:
         from .dask_cluster import probe_workers
 
         probe_workers(config.runner.dask_address, config, Path(parameters.get("runs_dir", "runs")))
+    with hold_run(experiment_run_dir(parameters.get("runs_dir", "runs"), experiment)):
+        return run_held(config, experiment, uri, ready, parameters)
+
+
+def run_held(config: ExperimentConfig, experiment: str, uri: str, ready: Callable[[], None] | None,
+             parameters: dict[str, Any]) -> dict[str, Any]:
+    """`run_training` past its checks, its run directory held."""
     warm_up(uri)
     if ready is not None:
         ready()

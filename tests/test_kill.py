@@ -156,3 +156,25 @@ def test_a_signal_to_the_whole_process_group_stops_train_within_seconds(tmp_path
         kill_all(command.token)
     assert status != 0 and not command.saw(LAST_ROUND)
     assert stopped_after < 20, f"{stopped_after:.1f} s to stop after the signal:\n{command.output()}"
+
+
+def test_a_killed_train_leaves_no_lock_and_the_same_command_resumes_its_run(tmp_path):
+    # The run directory's lock is the kernel's (flock): it ends with the killed command, so the
+    # rerun takes the directory at once, with nothing to clean by hand, and resumes it.
+    command = Command(tmp_path)
+    try:
+        kill_when(command, "mid-round", {})
+        assert wait_until_none_left(command.token, timeout=30) == []
+    finally:
+        kill_all(command.token)
+    assert (tmp_path / "runs" / ".killed.lock").is_file()  # the file stays; the lock died with its holder
+
+    rerun = Command(tmp_path)
+    try:
+        status = rerun.process.wait(timeout=600)
+        rerun._reader.join(timeout=10)
+        assert wait_until_none_left(rerun.token, timeout=30) == []
+    finally:
+        kill_all(rerun.token)
+    assert status == 0, rerun.output()
+    assert rerun.saw("resuming after round") and rerun.saw(LAST_ROUND) and not rerun.saw("is in use"), rerun.output()

@@ -1,5 +1,6 @@
 """Prefect's temporary server as `fedcme train` starts it itself (flows.prefect_server), for real:
-launched before the heavy imports, used by the flow, and stopped when the command ends or dies."""
+launched before the heavy imports, used by the flow, stopped when the command ends or dies, and
+started by several commands at once on a fresh PREFECT_HOME (one sets the database up first)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import textwrap
 import time
 from pathlib import Path
 
+import prefect
 import pytest
 import yaml
 
 from flows.errors import OrchestratorError
 from flows.prefect_server import TemporaryServer, temporary_prefect_server
+from flows.shared_stores import FirstUse
 from .conftest import REPO_ROOT, SYNTHETIC
-from .processes import is_gone, processes_with_environment
+from .processes import children, is_gone, processes_with_environment
 
 
 def environment_without_api(prefect_home: Path) -> dict[str, str]:
@@ -91,3 +94,53 @@ def test_a_server_that_exits_while_starting_is_a_one_line_error():
     server.process.wait()
     with pytest.raises(OrchestratorError, match="exited with status -9 while starting"):
         server.wait_ready(timeout=30)
+
+
+WAIT_FOR_SERVER = """
+import sys, time
+from pathlib import Path
+from flows.prefect_server import temporary_prefect_server
+go = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+while go is not None and not go.exists():  # every process past its imports, then all at once
+    time.sleep(0.005)
+with temporary_prefect_server() as server:
+    print("launched" if server.process is not None else "waiting", flush=True)
+    server.wait_ready(120)
+    print("ready", flush=True)
+"""
+
+
+def test_a_server_started_while_another_command_sets_the_database_up_waits_for_it(tmp_path):
+    home = tmp_path / "home"
+    setup = FirstUse(home / "prefect.db", "prefect", prefect.__version__)
+    assert setup.try_begin()  # another command's server is migrating the fresh database
+    command = subprocess.Popen([sys.executable, "-c", WAIT_FOR_SERVER], cwd=REPO_ROOT, env=environment_without_api(home),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert command.stdout.readline().strip() == "waiting"
+        time.sleep(1.0)
+        assert children(command.pid) == []  # no server launched while the set-up is another's
+        setup.abandon()
+        output, errors = command.communicate(timeout=300)
+    finally:
+        command.kill()
+    assert command.returncode == 0 and output.strip() == "ready", errors[-3000:]
+    assert setup.is_done()  # the server that set the database up recorded it
+
+
+def test_servers_started_at_once_on_a_fresh_prefect_home_all_start(tmp_path):
+    home, go = tmp_path / "home", tmp_path / "go"
+    commands = [subprocess.Popen([sys.executable, "-c", WAIT_FOR_SERVER, str(go)], cwd=REPO_ROOT,
+                                 env=environment_without_api(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(3)]
+    try:
+        time.sleep(3.0)  # their imports
+        go.touch()
+        results = [command.communicate(timeout=300) for command in commands]
+    finally:
+        for command in commands:
+            command.kill()
+    for command, (output, errors) in zip(commands, results):
+        assert command.returncode == 0 and output.split()[-1:] == ["ready"], errors[-3000:]
+    assert FirstUse(home / "prefect.db", "prefect", prefect.__version__).is_done()
+    assert processes_with_environment(f"PREFECT_HOME={home}") == []

@@ -1,14 +1,29 @@
-"""RunTracker against a real MLflow sqlite store: one round numbering, runs begun before it, the warm-up."""
+"""RunTracker against a real MLflow sqlite store: one round numbering, runs begun before it, the
+warm-up, and a store shared by several commands (a fresh one opened at once, a busy one)."""
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
+import mlflow
+import pytest
 from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from flows.tracking import RunTracker, warm_up
+from flows import shared_stores
+from flows.errors import TrackingError
+from flows.shared_stores import FirstUse
+from flows.tracking import RunTracker
+from flows.tracking_store import open_client, warm_up
 
+from .conftest import REPO_ROOT
 from .test_records import record
 
 
@@ -58,3 +73,118 @@ def test_the_warm_up_opens_the_store_and_builds_mlflows_package_map_that_log_mod
     assert thread is not None, "MLflow no longer has _init_packages_to_modules_map: the warm-up builds nothing"
     thread.join(timeout=60)
     assert "torch" in requirements_utils._PACKAGES_TO_MODULES and "mlflow" in requirements_utils._PACKAGES_TO_MODULES
+
+
+OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from flows.tracking import RunTracker
+from tests.test_records import record
+folder, name = Path(sys.argv[1]), sys.argv[2]
+(folder / name).mkdir()
+while not (folder / "go").exists():  # every process past its imports, then all at once
+    time.sleep(0.005)
+tracker = RunTracker.open(f"sqlite:///{folder / 'mlflow.db'}", "fedcme", name, folder / name, params={"a": 1}, tags={})
+tracker.sync([record(0).to_dict(), record(1).to_dict()])
+assert tracker.failure is None, tracker.failure
+"""
+
+
+def test_a_fresh_store_opened_by_several_commands_at_once_serves_them_all(tmp_path):
+    names = [f"run{index}" for index in range(4)]
+    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    processes = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(tmp_path), name], cwd=REPO_ROOT,
+                                  env=environment, stderr=subprocess.PIPE, text=True) for name in names]
+    while not all((tmp_path / name).is_dir() for name in names):
+        assert all(process.poll() is None for process in processes), [p.stderr.read()[-2000:] for p in processes]
+        time.sleep(0.05)
+    time.sleep(1.0)  # the last one is past its mkdir and polling for the start
+    (tmp_path / "go").touch()
+    errors = [process.communicate(timeout=300)[1] for process in processes]
+
+    assert [process.returncode for process in processes] == [0] * 4, [error[-2000:] for error in errors]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("fedcme").experiment_id])
+    assert sorted(run.info.run_name for run in runs) == names
+    assert all([m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")] == [1, 2] for run in runs)
+    assert FirstUse(tmp_path / "mlflow.db", "mlflow", mlflow.__version__).is_done()
+
+
+def test_a_schema_being_created_by_another_command_is_waited_for_with_a_bound(tmp_path):
+    database = tmp_path / "mlflow.db"
+    other = FirstUse(database, "mlflow", mlflow.__version__)
+    assert other.try_begin()  # another command is creating the schema
+
+    with pytest.raises(TrackingError, match=r"another command has been creating its schema for over 1 s .*mlflow\.db\.lock"):
+        open_client(f"sqlite:///{database}", timeout=1.0)
+    assert not database.exists()
+
+    other.abandon()
+    open_client(f"sqlite:///{database}").search_experiments()
+    assert other.is_done()
+
+
+def hold_busy(database: Path, seconds: float) -> threading.Thread:
+    """Hold an exclusive sqlite lock on `database` for `seconds` (on a thread; returns once it holds)."""
+    holding = threading.Event()
+
+    def hold() -> None:
+        connection = sqlite3.connect(database, isolation_level=None)
+        connection.execute("begin exclusive")
+        holding.set()
+        time.sleep(seconds)
+        connection.execute("commit")
+        connection.close()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    holding.wait(timeout=30)
+    return thread
+
+
+@pytest.mark.slow
+def test_a_round_that_meets_a_busy_store_is_retried_and_logged_once(tmp_path):
+    tracker = open_tracker(tmp_path)
+    tracker.sync([record(0, test_accuracy=0.1).to_dict()])
+    thread = hold_busy(tmp_path / "mlflow.db", 22.0)  # longer than MLflow's own 20 s wait (its sqlite busy_timeout)
+
+    tracker.log_round(record(1, test_accuracy=0.2).to_dict())
+    thread.join()
+
+    assert tracker.failure is None
+    assert steps(tracker) == [(1, 0.1), (2, 0.2)]
+
+
+def test_a_store_busy_past_the_bound_is_one_warning_and_the_round_is_logged_later(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(shared_stores, "BUSY_ATTEMPTS", 2)
+    tracker = open_tracker(tmp_path)
+    history = [record(0, test_accuracy=0.1).to_dict(), record(1, test_accuracy=0.2).to_dict()]
+    tracker.sync(history[:1])
+    capsys.readouterr()
+    calls = []
+
+    def busy(*args, **kwargs):
+        calls.append(args)
+        raise MlflowException("(sqlite3.OperationalError) database is locked")
+
+    monkeypatch.setattr(tracker.client, "log_batch", busy)  # the store stays busy past the bound
+    tracker.log_round(history[1])
+    tracker.log_round(history[1])  # tracking is off for the run: no second try, no second warning
+
+    assert len(calls) == 2
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and "MLflow tracking failed" in warning[0] and "database is locked" in warning[0], warning
+    assert "fedcme sync --experiment run" in warning[0]
+    resumed = open_tracker(tmp_path)  # as `fedcme sync` or a resumed run does, once the store answers
+    assert resumed.sync(history) == 1
+    assert steps(resumed) == [(1, 0.1), (2, 0.2)]
+
+
+def test_a_schema_creation_killed_midway_leaves_nothing_a_later_command_cannot_use(tmp_path):
+    database = tmp_path / "mlflow.db"
+    (tmp_path / "mlflow.db.partial").write_bytes(b"half a schema")  # what a killed creation leaves
+
+    open_client(f"sqlite:///{database}").search_experiments()
+
+    assert database.is_file() and not (tmp_path / "mlflow.db.partial").exists()
+    assert FirstUse(database, "mlflow", mlflow.__version__).is_done()
