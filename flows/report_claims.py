@@ -23,8 +23,10 @@ from typing import Any
 from fedcme_core.algorithm_configs import FedCMEConfig
 from fedcme_core.params import MethodEntry
 
-from .report_tables import difference_text, markdown_table, p_text, unique_in_order
-from .seed_stats import SIGNIFICANCE, PairedDifference, SeedStats, cells_by_seed, paired_difference, seed_stats
+from .report_tables import difference_text, markdown_table, unique_in_order
+from .seed_stats import (
+    SIGNIFICANCE, PairedDifference, SeedStats, cells_by_seed, p_phrase, p_text, paired_difference, seed_stats,
+)
 
 REFERENCE = {"mu": 0.01, "exchange": "classifier", "matching": "pairwise"}  # the paper's FedCME(0.01)
 VARIANTS = {  # the ablations: the reference with one piece changed, the rest of its section the same
@@ -68,7 +70,7 @@ class ClaimCheck:
             return f"not shown: one seed, within FedCME(0.01)'s seed std ({100 * spread:.2f} points)"
         if d.demonstrated:
             return "holds"
-        return f"not shown: ahead on average, won {d.wins} of {d.n} seeds, p = {p_text(d)}"
+        return f"not shown: ahead on average, won {d.wins} of {d.n} seeds, {p_phrase(d)}"
 
 
 def method_roles(methods: Mapping[str, MethodEntry]) -> dict[str, str]:

@@ -29,11 +29,10 @@ from fedcme_core.params_factors import ReportFactor
 from fedcme_core.partition_tags import entry_partition_tag
 
 from .report_tables import MISSING_CELL, markdown_text
-from .seed_stats import PairedDifference, SeedStats, paired_difference
+from .seed_stats import MIN_SEEDS_FOR_P, PairedDifference, SeedStats, p_text, paired_difference
 
 MEASURE = "final_accuracy"
 MOVE_POINTS = 1.5  # percentage points on seed 0 that send a factor to seeds 1 and 2
-MIN_SEEDS_FOR_P = 3  # no p-value below this many seeds: "n<3"
 REFERENCE = "reference"  # the factor name of today's readings in the tables and the CSV
 COMPARISONS = {
     "a": "FedCME with this reading − today's FedCME",
@@ -211,16 +210,6 @@ def difference_text(difference: PairedDifference | None) -> str:
         return MISSING_CELL
     spread = "" if difference.std is None else f" ± {100.0 * difference.std:.2f}"
     return f"{points_text(difference.mean)}{spread} ({difference.n})"
-
-
-def p_text(difference: PairedDifference | None) -> str:
-    """The paired t-test p; "n<3" below MIN_SEEDS_FOR_P seeds; an en dash without runs or spread."""
-    if difference is None:
-        return MISSING_CELL
-    if difference.n < MIN_SEEDS_FOR_P:
-        return "n<3"
-    p_value = difference.p_value
-    return MISSING_CELL if p_value is None else ("<0.001" if p_value < 0.001 else f"{p_value:.3f}")
 
 
 def stats_text(stats: SeedStats | None) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .seed_stats import (
-    REFERENCE_METHOD, SIGNIFICANCE, PairedDifference, SeedStats, cells_by_seed, paired_difference, seed_stats,
+    REFERENCE_METHOD, SIGNIFICANCE, PairedDifference, SeedStats, cells_by_seed, p_phrase, p_text, paired_difference, seed_stats,
 )
 
 FEDCME_PREFIX = "FedCME"
@@ -118,10 +118,6 @@ def paired_differences(entries: Sequence[Mapping[str, Any]], setting: str, refer
     return result
 
 
-def p_text(difference: PairedDifference) -> str:
-    return MISSING_CELL if difference.p_value is None else f"{difference.p_value:.3f}"
-
-
 def difference_text(difference: PairedDifference) -> str:
     spread = "" if difference.std is None else f" ± {100 * difference.std:.2f}"
     return f"{100 * difference.mean:+.2f}{spread}"
@@ -164,7 +160,7 @@ def where_fedcme_does_not_win(entries: Sequence[Mapping[str, Any]]) -> str:
             if difference is None:
                 continue
             text = (f"- {setting}: {best} vs {method}: {difference_text(difference)} points, "
-                    f"won {difference.wins} of {difference.n} seeds, p = {p_text(difference)}")
+                    f"won {difference.wins} of {difference.n} seeds, {p_phrase(difference)}")
             if difference.mean <= 0:
                 losses.append(text)
             elif not difference.demonstrated:

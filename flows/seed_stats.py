@@ -26,6 +26,7 @@ from fedcme_core.partition_tags import partition_description
 
 REFERENCE_METHOD = "FedAvg"
 SIGNIFICANCE = 0.05  # a paired t-test p below this, with no seed lost, is a demonstrated win
+MIN_SEEDS_FOR_P = 3  # no p-value below this many seeds (one degree of freedom says little): "n<3"
 # The summary's accuracy columns (the measures a published figure may name) and the metrics key of each.
 ACCURACY_KEYS = {"final_accuracy": "final_accuracy", "best_accuracy": "best_accuracy",
                  "accuracy_at_2T5": "accuracy_at/2/5"}
@@ -73,8 +74,8 @@ class PairedDifference(SeedStats):
 
     @property
     def p_value(self) -> float | None:
-        """Paired t-test p-value; None with fewer than 2 seeds or when every d_s is the same."""
-        if self.n < 2 or self.std == 0.0:
+        """Paired t-test p-value; None below MIN_SEEDS_FOR_P seeds or when every d_s is the same."""
+        if self.n < MIN_SEEDS_FOR_P or self.std == 0.0:
             return None
         values = list(self.by_seed.values())
         p_value = float(stats.ttest_1samp(values, 0.0).pvalue)
@@ -82,8 +83,25 @@ class PairedDifference(SeedStats):
 
     @property
     def demonstrated(self) -> bool:
-        """A beats B on every seed, at p < SIGNIFICANCE (so over 2 seeds or more)."""
+        """A beats B on every seed, at p < SIGNIFICANCE (so over MIN_SEEDS_FOR_P seeds or more)."""
         return self.losses == 0 and self.p_value is not None and self.p_value < SIGNIFICANCE
+
+
+def p_text(difference: PairedDifference | None, missing: str = "–") -> str:
+    """The paired t-test p as a table shows it: "n<3" below MIN_SEEDS_FOR_P seeds, `missing` without
+    runs or spread."""
+    if difference is None:
+        return missing
+    if difference.n < MIN_SEEDS_FOR_P:
+        return f"n<{MIN_SEEDS_FOR_P}"
+    p_value = difference.p_value
+    return missing if p_value is None else ("<0.001" if p_value < 0.001 else f"{p_value:.3f}")
+
+
+def p_phrase(difference: PairedDifference) -> str:
+    """"p = 0.037", or "n<3, no p-value" below MIN_SEEDS_FOR_P seeds: the p-value as prose gives it."""
+    text = p_text(difference)
+    return f"{text}, no p-value" if difference.n < MIN_SEEDS_FOR_P else f"p = {text}"
 
 
 def value_of(entry: Mapping[str, Any], key: str) -> float | None:

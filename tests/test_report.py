@@ -25,7 +25,7 @@ from flows.report_tables import (
     where_fedcme_does_not_win,
 )
 from flows.report import cell_columns
-from flows.seed_stats import ACCURACY_KEYS, CSV_COLUMNS, PairedDifference, SeedStats, summary_csv
+from flows.seed_stats import ACCURACY_KEYS, CSV_COLUMNS, PairedDifference, SeedStats, p_text, summary_csv
 from flows.stages import experiment_name
 from fedcme_core.params import PUBLISHED_MEASURES, PublishedFigure, params_from_dict
 
@@ -109,6 +109,9 @@ def test_paired_difference_wins_and_t_test_by_hand():
     # d = (1, 2, 3) points: mean 2, sd 1, t = 2 / (1 / sqrt 3) = 3.464 with 2 df: p = 0.0742.
     assert PairedDifference({0: 0.01, 1: 0.02, 2: 0.03}).p_value == pytest.approx(0.07418, abs=1e-5)
     assert PairedDifference({0: 0.01}).p_value is None
+    assert PairedDifference({0: 0.01, 1: 0.03}).p_value is None  # two seeds: no p-value (one degree of freedom)
+    assert p_text(PairedDifference({0: 0.01, 1: 0.03})) == "n<3"
+    assert p_text(PairedDifference({0: 0.01, 1: 0.02, 2: 0.03})) == "0.074"
     assert PairedDifference({0: 0.0, 1: 0.0}).p_value is None  # identical methods: no test
 
 
@@ -159,9 +162,9 @@ def test_table_iii_gives_fractions_over_seeds_and_rounds_to_target():
 def test_paired_table_against_fedavg():
     table = paired_table(grid_entries(), LOW)
 
-    # FedCME - FedAvg: seed 0 +3, seed 1 +1 points: mean +2, sd 1.41, t = 2 with 1 df: p = 0.295.
-    assert table_row(table, "FedCME(0.01)") == ["+2.00 ± 1.41", "2", "2", "0.295"]
-    assert table_row(table, "FedProx(0.01)") == ["+1.50 ± 0.71", "2", "2", "0.205"]
+    # FedCME - FedAvg: seed 0 +3, seed 1 +1 points: mean +2, sd 1.41; two seeds give no p-value (t on 1 df).
+    assert table_row(table, "FedCME(0.01)") == ["+2.00 ± 1.41", "2", "2", "n<3"]
+    assert table_row(table, "FedProx(0.01)") == ["+1.50 ± 0.71", "2", "2", "n<3"]
     assert "FedAvg |" not in table.split("\n", 2)[2]
 
 
@@ -177,11 +180,11 @@ def test_where_fedcme_does_not_win_lists_losses_and_unproven_wins():
 
     text = where_fedcme_does_not_win(entries)
 
-    loss = f"- {LOW}: FedCME(0.01) vs FedProx(0.01): -0.50 ± 3.54 points, won 1 of 2 seeds, p = 0.874"
-    unproven = f"- {LOW}: FedCME(0.01) vs FedAvg: +2.00 ± 1.41 points, won 2 of 2 seeds, p = 0.295"
+    loss = f"- {LOW}: FedCME(0.01) vs FedProx(0.01): -0.50 ± 3.54 points, won 1 of 2 seeds, n<3, no p-value"
+    unproven = f"- {LOW}: FedCME(0.01) vs FedAvg: +2.00 ± 1.41 points, won 2 of 2 seeds, n<3, no p-value"
     assert loss in text.split("Ahead on average")[0]
     assert unproven in text.split("Ahead on average")[1]
-    assert f"- {HIGH}: FedCME(0.01) vs FedAvg: +2.38 points, won 1 of 1 seeds, p = –" in text
+    assert f"- {HIGH}: FedCME(0.01) vs FedAvg: +2.38 points, won 1 of 1 seeds, n<3, no p-value" in text
 
 
 def test_where_fedcme_does_not_win_when_it_wins_everywhere_significantly():
