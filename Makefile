@@ -36,7 +36,7 @@ $(STAMP): requirements.txt pyproject.toml
 run: install
 	test -d .dvc || $(VENV)/bin/dvc init --quiet
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m flows.repro
-	@echo "Report:       reports/results.md and reports/accuracy.png"
+	@echo "Report:       reports/results.md and reports/figures/accuracy.png"
 	@echo "Compare runs: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1  (http://127.0.0.1:5000)"
 	@echo "Prefect UI:   $(VENV)/bin/prefect server start --host 127.0.0.1  (http://127.0.0.1:4200; see README)"
 
@@ -47,11 +47,11 @@ test: install
 	$(PY) -m pytest
 
 # The grid's experiments (git commits, `dvc exp run`s) side by side in a terminal: one column per
-# method (reports/summary.json: mean final accuracy, %) and only the params that differ; no
-# per-experiment metric (metrics/...) and no dependency hash (paths, fedcme_core, metrics).
-COMPARE_COLUMNS := --only-changed --drop '.*/' --drop 'fedcme_core$$' --drop 'metrics$$' --keep 'accuracy\.'
+# method (reports/summary/<method>.json: mean final accuracy, shown in %) and only the params that
+# differ; a commit without results (reports/ is not committed) is left out with one line saying so
+# (flows/report_dvc.py runs `dvc exp show --csv` and prints the table).
 compare:
-	$(VENV)/bin/dvc exp show --no-pager $(COMPARE_COLUMNS)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m flows.report_dvc compare
 
 # Benchmarks (bench/, figures in BENCHMARKS.md): JSON lines appended to bench/results.jsonl.
 .PHONY: bench bench-quick

@@ -103,16 +103,16 @@ def reference_models(scratch: Path) -> dict[str, dict]:
 
 
 def mlflow_steps(uri: str) -> tuple[dict[str, list[int]], int]:
-    """Per experiment, the test_accuracy steps of all its MLflow runs; and the runs without any step."""
+    """Per experiment, the eval/test_accuracy steps of all its MLflow runs; and the runs without any step."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    found = client.get_experiment_by_name("fedcme")
+    found = client.get_experiment_by_name("fedcme-smoke")  # synthetic data (flows.names.mlflow_experiment_for)
     steps: dict[str, list[int]] = {name: [] for name in EXPERIMENTS}
     empty = 0
     for run in client.search_runs([found.experiment_id]) if found is not None else []:
-        logged = [metric.step for metric in client.get_metric_history(run.info.run_id, "test_accuracy")]
-        steps.setdefault(run.info.run_name, []).extend(logged)
+        logged = [metric.step for metric in client.get_metric_history(run.info.run_id, "eval/test_accuracy")]
+        steps.setdefault(run.data.tags.get("experiment", run.info.run_name), []).extend(logged)
         empty += not logged
     return steps, empty
 

@@ -154,6 +154,22 @@ class RunnerConfig(Frozen):
     client_tasks: Literal["client", "worker"] = "client"
 
 
+class TrackingConfig(Frozen):
+    """What the MLflow run records beyond the rounds; never changes the results, and is no part of
+    a run's identity (left out of config.json, so switching it resumes the same run)."""
+
+    # MLflow's system metrics (CPU, memory, disk, network, GPU: `system/...`), sampled on a thread
+    # every `system_metrics_interval` seconds (BENCHMARKS.md, "System metrics": their cost).
+    system_metrics: bool = True
+    system_metrics_interval: float = Field(10.0, ge=0.5, le=3600)
+    # Register the final model in MLflow's model registry under this name, as a new version
+    # (`fedcme train --register-model NAME` sets it); None: no registry entry.
+    register_model: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][\w.\- ]*$")
+    # The MLflow experiment of the run; None: chosen by the kind of run (flows/names.py:
+    # `fedcme-scheduled` for scheduled runs, `fedcme-smoke` for synthetic data, else `fedcme`).
+    mlflow_experiment: str | None = Field(None, min_length=1, max_length=256)
+
+
 class ExperimentConfig(Frozen):
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -164,6 +180,7 @@ class ExperimentConfig(Frozen):
     model: ModelConfig = ModelConfig()
     algorithm: AlgorithmConfig = FedCMEConfig()
     runner: RunnerConfig = RunnerConfig()
+    tracking: TrackingConfig = Field(TrackingConfig(), exclude=True)  # not dumped: no part of a run's identity
 
     @model_validator(mode="after")
     def _cross_field_checks(self) -> ExperimentConfig:

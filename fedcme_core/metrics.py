@@ -13,8 +13,9 @@ history (one record per global round, ``round`` = 0..T-1, with ``test_accuracy``
 - :func:`history_csv`: the per-round CSV text that DVC plots and the report's figures read;
 - :func:`with_content_hash` / :func:`verify_content_hash`: a summary's SHA-256, so an edited or
   corrupted metrics file is named when the report reads it;
-- :func:`split_summary`: an experiment's summary as its two files, the numbers that `dvc metrics
-  show` lists (``metrics/<exp>.json``) and what names the run (``metrics/about/<exp>.json``).
+- :func:`split_summary`: an experiment's summary as its two files, the few numbers that `dvc metrics
+  show` compares (``metrics/<exp>.json``, :data:`RESULT_KEYS`) and the rest: what names the run and
+  its other figures (``metrics/about/<exp>.json``).
 
 Round counts in the outputs are 1-based: "after round r" means after r global rounds,
 i.e. the record whose ``round`` is r - 1.
@@ -147,17 +148,23 @@ def with_content_hash(summary: Mapping[str, Any]) -> dict[str, Any]:
     return {**summary, HASH_KEY: _canonical_sha256(summary)}
 
 
-# What names an experiment and its grid cell (text, and settings rather than results); the
-# content hash goes with them. Everything else of a summary is a result, a number.
-ABOUT_KEYS = ("experiment", "method", "method_name", "setting", "group", "dataset", "partition", "alpha",
-              "num_clients", "clients_per_round", "local_epochs", "seed", "final_window", "target_accuracy", HASH_KEY)
+# What `dvc metrics show` compares, one column each (fractions; rounds_to_target in rounds), so that
+# its table fits a terminal: the final accuracy, the best, the accuracy after round ceil(2T/5) and the
+# rounds to the target. Everything else of a summary (what names the run, its other figures) goes to
+# the about/ file; that file keeps the whole ``accuracy_at`` too, so the two join by a plain dict update.
+RESULT_KEYS = ("final_accuracy", "best_accuracy", "rounds_to_target")
+COMPARED_FRACTION = "2/5"
 
 
 def split_summary(entry: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(results, about) of an experiment's hashed summary: the results file holds numbers only, so
-    that `dvc metrics show` lists no text; joined again (``{**results, **about}``) they are `entry`."""
-    results = {key: value for key, value in entry.items() if key not in ABOUT_KEYS}
-    about = {key: value for key, value in entry.items() if key in ABOUT_KEYS}
+    """(results, about) of an experiment's hashed summary: results holds RESULT_KEYS and
+    ``accuracy_at`` reduced to COMPARED_FRACTION (numbers only, so `dvc metrics show` lists no text);
+    about holds every other key, the whole ``accuracy_at`` included. ``{**results, **about}`` is `entry`."""
+    results = {key: entry[key] for key in RESULT_KEYS if key in entry}
+    accuracy_at = entry.get("accuracy_at")
+    if isinstance(accuracy_at, Mapping) and COMPARED_FRACTION in accuracy_at:
+        results["accuracy_at"] = {COMPARED_FRACTION: accuracy_at[COMPARED_FRACTION]}
+    about = {key: value for key, value in entry.items() if key not in RESULT_KEYS}
     return results, about
 
 

@@ -1,5 +1,6 @@
 """The record of one global round: what the round loop writes into a run's history, and
-what the MLflow metrics, the per-round CSV and the report derive from.
+what the MLflow metrics (named by :meth:`RoundRecord.mlflow_metrics`), the per-round CSV and the
+report derive from.
 
 A history holds plain dicts (a server state loads with ``weights_only=True``);
 :meth:`RoundRecord.to_dict` and :meth:`RoundRecord.from_dict` cross between the two.
@@ -15,8 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-METRIC = {"metric": True}  # logged to MLflow per round
-CSV = {"metric": True, "csv": True}  # also a column of metrics/<exp>.csv
+
+def metric(name: str, csv: bool = False) -> dict[str, Any]:
+    """A field logged to MLflow per round under `name` (grouped by prefix: eval/, train/, time/,
+    clients/, so MLflow's charts group them); with `csv`, also a column of metrics/<exp>.csv."""
+    return {"metric": name, "csv": csv}
 
 
 @dataclass(frozen=True)
@@ -25,25 +29,25 @@ class RoundRecord:
     selected: list[int]
     pairs: list[list[int]]  # the matching as formed (FedCME), [] otherwise
     evaluation_vectors: dict[int, list[float]]  # client -> eps_k uploaded this round (FedCME)
-    test_accuracy: float = field(metadata=CSV)
-    test_loss: float = field(metadata=CSV)
-    train_loss: float = field(metadata=CSV)  # the clients' last-epoch loss, weighted by D_k
+    test_accuracy: float = field(metadata=metric("eval/test_accuracy", csv=True))
+    test_loss: float = field(metadata=metric("eval/test_loss", csv=True))
+    train_loss: float = field(metadata=metric("train/loss", csv=True))  # the clients' last-epoch loss, weighted by D_k
     per_class_accuracy: list[float]
-    client_train_seconds: float = field(metadata=METRIC)
-    client_work_seconds: float = field(metadata=METRIC)  # local training plus the step-7 report
-    critical_client_seconds: float = field(metadata=METRIC)  # the longest client of each phase, summed
+    client_train_seconds: float = field(metadata=metric("time/client_train_seconds"))
+    client_work_seconds: float = field(metadata=metric("time/client_work_seconds"))  # local training plus the step-7 report
+    critical_client_seconds: float = field(metadata=metric("time/critical_client_seconds"))  # the longest client of each phase, summed
     samples_trained: int
-    aggregated_clients: int = field(metadata=METRIC)
-    dropped_clients: int = field(metadata=METRIC)
-    failed_clients: int = field(metadata=METRIC)
-    rejected_clients: int = field(metadata=METRIC)
+    aggregated_clients: int = field(metadata=metric("clients/aggregated"))
+    dropped_clients: int = field(metadata=metric("clients/dropped"))
+    failed_clients: int = field(metadata=metric("clients/failed"))
+    rejected_clients: int = field(metadata=metric("clients/rejected"))
     failures: dict[int, str]  # client -> why it is not in the aggregate
-    phase1_seconds: float = field(metadata=METRIC)
-    aggregate_seconds: float = field(metadata=METRIC)
-    evaluate_seconds: float = field(metadata=METRIC)
-    round_seconds: float = field(metadata=CSV)
-    exchange_seconds: float | None = field(default=None, metadata=METRIC)  # None: no exchange this round
-    phase2_seconds: float | None = field(default=None, metadata=METRIC)
+    phase1_seconds: float = field(metadata=metric("time/phase1_seconds"))
+    aggregate_seconds: float = field(metadata=metric("time/aggregate_seconds"))
+    evaluate_seconds: float = field(metadata=metric("time/evaluate_seconds"))
+    round_seconds: float = field(metadata=metric("time/round_seconds", csv=True))
+    exchange_seconds: float | None = field(default=None, metadata=metric("time/exchange_seconds"))  # None: no exchange this round
+    phase2_seconds: float | None = field(default=None, metadata=metric("time/phase2_seconds"))
 
     @property
     def number(self) -> int:
@@ -61,7 +65,14 @@ class RoundRecord:
 
     @classmethod
     def metric_names(cls) -> tuple[str, ...]:
+        """The record's keys logged to MLflow per round (test_accuracy first)."""
         return tuple(item.name for item in dataclasses.fields(cls) if item.metadata.get("metric"))
+
+    @classmethod
+    def mlflow_metrics(cls) -> dict[str, str]:
+        """{record key: MLflow metric name}: test_accuracy -> eval/test_accuracy, train_loss ->
+        train/loss, round_seconds -> time/round_seconds, failed_clients -> clients/failed."""
+        return {item.name: item.metadata["metric"] for item in dataclasses.fields(cls) if item.metadata.get("metric")}
 
     @classmethod
     def csv_columns(cls) -> tuple[str, ...]:

@@ -8,7 +8,9 @@ Runs appear, and can be triggered by hand, in the UI at http://127.0.0.1:4200.
 A scheduled deployment trains anew on every run: each run is an experiment of its own, named by
 its scheduled start (`nightly-20261202-020000`, UTC), with its own run directory and MLflow run,
 from the config file as it is when the run starts. A deployment without a schedule trains (or
-resumes, or extends) the one experiment it names.
+resumes, or extends) the one experiment it names. Scheduled runs go to the MLflow experiment
+`fedcme-scheduled` (flows.names.mlflow_experiment_for), apart from the grids' `fedcme`; a config's
+`tracking.mlflow_experiment` chooses another.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ the paper's claims checked against the runs (:mod:`flows.report_claims`), the se
 does not win, and the figures others published for these settings beside ours
 (:mod:`flows.report_published`). It reads a metrics folder (:mod:`flows.report_inputs`).
 
-    python -m flows.report --metrics metrics --markdown reports/results.md --png reports/accuracy.png \\
-        --csv reports/results.csv --grid default --summary reports/summary.json --curves reports/curves \\
+    python -m flows.report --metrics metrics --markdown reports/results.md --png reports/figures/accuracy.png \\
+        --csv reports/results.csv --grid default --summary reports/summary --curves reports/curves \\
         --params params.yaml
 """
 
@@ -27,7 +27,7 @@ from fedcme_core.params import MethodEntry, ParamsFile, load_params
 
 from .report_dvc import curve_tables, summary_metrics
 from .report_claims import claims_section
-from .report_figures import curves_png, empty_png, matching_png
+from .report_figures import curves_png, matching_png
 from .report_inputs import load_matching, load_metrics, matching_runs
 from .report_published import Published, published_figures, published_table
 from .report_tables import (
@@ -96,7 +96,8 @@ def report_markdown(
             f"in all. Within a seed, every method trains on the same partition from the same initial model, "
             f"so methods are compared seed by seed (paired). Final accuracy = mean test accuracy of "
             f"{final_window_description(entries)} of each run. Table III form = test accuracy after round "
-            f"ceil(k T / n) at {fraction_text}; rounds to target = the first round whose test accuracy "
+            f"ceil(k T / n) at {fraction_text} (the \"last round (T)\" column is that one round's accuracy, not "
+            f"the final accuracy); rounds to target = the first round whose test accuracy "
             f"reaches the target (averaged over the seeds that reach it; (r/n) when only r of n do). "
             f"Accuracies in percent, the best mean of each column in bold, – = not run. "
             f"Paper: FedCME, Nie et al., arXiv:2307.08574.\n"
@@ -170,12 +171,12 @@ def write_report(
     configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     """Write the Markdown report, its figures and (with `output_csv`) the grid's summary CSV, each atomically;
-    with `output_summary` and `output_curves`, what DVC shows (:mod:`flows.report_dvc`): the summary
-    metric and the folder of overlay-plot tables (its other CSV files removed).
+    with `output_summary` and `output_curves`, what DVC shows (:mod:`flows.report_dvc`): the folder of
+    per-method summary metrics and the folder of overlay-plot tables (the other files of each removed).
 
     The accuracy figure goes to `output_png`, the ablation and matching figures beside it as
-    ``<stem>-ablation.png`` and ``<stem>-matching.png`` (a panel saying so when there is nothing
-    to draw; the report links only drawn ones); `published` figures are set beside ours, and the
+    ``<stem>-ablation.png`` and ``<stem>-matching.png`` only when there is something to draw (no
+    ablation runs, no FedCME matching: no figure, and one left from before is removed); `published` figures are set beside ours, and the
     paper's claims are checked where `methods` (the grid file's) names the runs they need; `configs`
     (:func:`cell_columns` of the grid file) fills the CSV's columns of what trained each row. Raises
     ValueError when the folder holds no metrics file.
@@ -197,20 +198,22 @@ def write_report(
     if runs:
         writes[figure_path(output_png, "matching")] = matching_png(runs)
         links["matching"] = relative_link(figure_path(output_png, "matching"), output_markdown)
-    # Every figure the pipeline declares is written; one with nothing to draw says so.
-    writes.setdefault(figure_path(output_png, "ablation"), empty_png("no ablation runs in this grid"))
-    writes.setdefault(figure_path(output_png, "matching"), empty_png("no FedCME run matched clients in this grid"))
+    # A figure with nothing to draw is not written, and one from an earlier grid goes.
+    stale = [path for name in ("ablation", "matching") if name not in links
+             and (path := figure_path(output_png, name)).is_file()]
     writes[output_markdown] = report_markdown(entries, title=title, links=links, note=note,
                                              published=published, methods=methods).encode("utf-8")
     if output_csv is not None:
         writes[Path(output_csv)] = summary_csv(entries, grid, configs).encode("utf-8")
     if output_summary is not None:
-        writes[Path(output_summary)] = (json.dumps(summary_metrics(entries), indent=2) + "\n").encode("utf-8")
-    stale: list[Path] = []
+        rows = {Path(output_summary) / f"{name}.json": (json.dumps(row, indent=2) + "\n").encode("utf-8")
+                for name, row in summary_metrics(entries).items()}
+        stale += [path for path in Path(output_summary).glob("*.json") if path not in rows]
+        writes.update(rows)
     if output_curves is not None:
         tables = {Path(output_curves) / name: text.encode("utf-8")
                   for name, text in curve_tables(entries, metrics_directory).items()}
-        stale = [path for path in Path(output_curves).glob("*.csv") if path not in tables]
+        stale += [path for path in Path(output_curves).glob("*.csv") if path not in tables]
         writes.update(tables)
     for path, content in writes.items():
         atomic_write_bytes(path, content)
@@ -223,10 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.report", description=__doc__.splitlines()[0])
     parser.add_argument("--metrics", type=Path, default=Path("metrics"), help="folder of <experiment>.json/.csv")
     parser.add_argument("--markdown", type=Path, default=Path("reports/results.md"), help="Markdown report to write")
-    parser.add_argument("--png", type=Path, default=Path("reports/accuracy.png"), help="accuracy figure to write")
+    parser.add_argument("--png", type=Path, default=Path("reports/figures/accuracy.png"), help="accuracy figure to write")
     parser.add_argument("--csv", type=Path, default=None, help="summary CSV to write (one row per experiment)")
     parser.add_argument("--grid", default="default", help="the grid's name, the CSV's first column")
-    parser.add_argument("--summary", type=Path, default=None, help="DVC metric to write: mean final accuracy per method")
+    parser.add_argument("--summary", type=Path, default=None,
+                        help="folder of DVC metrics to write: one file per method, its mean accuracies (fractions)")
     parser.add_argument("--curves", type=Path, default=None, help="folder of per-setting tables for the DVC overlay plot")
     parser.add_argument("--title", default=None, help="the report's title (default: from --grid)")
     parser.add_argument("--note", default=None, help="an opening paragraph: where the runs come from")

@@ -7,7 +7,8 @@
   early and a late round, and over the rounds the mean cosine similarity of the matched pairs'
   evaluation vectors against that of random pairs (SPEC step 2; FedCME pairs the least similar).
 
-Panels are at least 1,200 px wide, legends sit outside the curves.
+Accuracy panels are at least 1,200 px wide, their legend outside the curves; the matching figure is
+1,200 px wide, every axis labelled.
 """
 
 from __future__ import annotations
@@ -126,15 +127,6 @@ def curves_png(entries: Sequence[Mapping[str, Any]], csv_directory: Path, method
     return _png(figure)
 
 
-def empty_png(text: str) -> bytes:
-    """PNG bytes of a panel that says why there is nothing to draw (the pipeline declares every figure)."""
-    figure = Figure(figsize=PANEL_INCHES, layout="constrained")
-    axes = figure.subplots()
-    axes.text(0.5, 0.5, text, ha="center", va="center", fontsize=10)
-    axes.set_axis_off()
-    return _png(figure)
-
-
 def matching_rounds(matching: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
     """The early and the late round of a matching record: the first and the last with scored pairs."""
     scored = [record for record in matching["rounds"] if record["pairs"]]
@@ -156,9 +148,10 @@ def matching_png(runs: Sequence[Mapping[str, Any]]) -> bytes:
     num_classes = counts.shape[1]
     matched = max(len(early["pairs"]), len(late["pairs"]))
     columns = min(matched, PAIRS_SHOWN)
-    figure = Figure(figsize=(max(PANEL_INCHES[0], 2.4 * columns), 2.3 * 2 + PANEL_INCHES[1]), layout="constrained")
+    figure = Figure(figsize=(PANEL_INCHES[0], 2.0 * 2 + 3.0), layout="constrained")  # 1,200 px wide
     grid = figure.add_gridspec(3, columns, height_ratios=(1, 1, 1.8))
     classes = np.arange(num_classes)
+    histogram_handles: tuple[list, list] = ([], [])
     for row, record in enumerate((early, late)):
         for column in range(columns):
             axes = figure.add_subplot(grid[row, column])
@@ -166,13 +159,15 @@ def matching_png(runs: Sequence[Mapping[str, Any]]) -> bytes:
                 axes.set_axis_off()
                 continue
             a, b = record["pairs"][column]
-            axes.bar(classes - 0.2, counts[a], width=0.4, color="tab:blue", label="first")
-            axes.bar(classes + 0.2, counts[b], width=0.4, color="tab:orange", label="second")
-            axes.set_title(f"round {record['round']}: clients {a} & {b}", fontsize=8)
+            axes.bar(classes - 0.2, counts[a], width=0.4, color="tab:blue", label="a client")
+            axes.bar(classes + 0.2, counts[b], width=0.4, color="tab:orange", label="its matched counterpart")
+            axes.set_title(f"clients {a} & {b}", fontsize=6)
             axes.set_xticks(classes)
-            axes.tick_params(labelsize=6)
+            axes.tick_params(labelsize=5)
+            axes.set_xlabel("class", fontsize=6, labelpad=1)
             if column == 0:
-                axes.set_ylabel("samples per class", fontsize=7)
+                axes.set_ylabel(f"round {record['round']}\nsamples", fontsize=6)
+                histogram_handles = axes.get_legend_handles_labels()
     axes = figure.add_subplot(grid[2, :])
     for key, label, color, style in (("matched_cosine", "matched pairs", "tab:red", "-"),
                                      ("random_cosine", "random pairs (mean over all pairs)", "tab:gray", "--")):
@@ -185,15 +180,18 @@ def matching_png(runs: Sequence[Mapping[str, Any]]) -> bytes:
         axes.plot(rounds, mean, color=color, linestyle=style, label=label)
         if len(curves) > 1:
             axes.fill_between(rounds, low, high, color=color, alpha=0.15, linewidth=0)
-    axes.set_xlabel("round")
+    axes.set_xlabel("round", fontsize=8)
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.set_ylabel("cos of evaluation vectors")
-    axes.set_title(f"{first['method']}, {first['setting']}: mean cosine similarity of pairs"
-                   + (f" (mean over {len(runs)} seeds, band: min-max)" if len(runs) > 1 else ""), fontsize=9)
+    axes.set_ylabel("cosine of evaluation vectors", fontsize=8)
+    axes.set_title("mean cosine similarity of pairs"
+                   + (f" (mean over {len(runs)} seeds, band: min-max)" if len(runs) > 1 else ""), fontsize=8)
+    axes.tick_params(labelsize=7)
     axes.grid(alpha=0.3)
-    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    shown = "" if matched <= columns else (f", the first {columns} pairs of each ({len(early['pairs'])} and "
+    axes.legend(loc="best", fontsize=7)
+    figure.legend(*histogram_handles, loc="outside lower center", ncols=2, fontsize=7, title="histograms",
+                  title_fontsize=7)
+    shown = "" if matched <= columns else (f"\nthe first {columns} pairs of each round ({len(early['pairs'])} and "
                                            f"{len(late['pairs'])} matched)")
-    figure.suptitle(f"{first['experiment']}: class histograms of the matched pairs, early and late round{shown} "
-                    "(blue: first client, orange: its counterpart)", fontsize=9)
+    figure.suptitle(f"{first['method']}, {first['setting']} ({first['experiment']})\n"
+                    f"class histograms of matched pairs, an early and a late round{shown}", fontsize=8)
     return _png(figure)

@@ -58,7 +58,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[Cel
 
 
 def accuracy_table(entries: Sequence[Mapping[str, Any]], key: str) -> str:
-    """Methods x settings, entry[key] in percent, mean ± std (n) over seeds (Table II form)."""
+    """Methods x settings, entry[key] in percent (each setting's header says so), mean ± std (n) over seeds
+    (Table II form)."""
     if not entries:
         return "_No experiments._\n"
     cells = cells_by_seed(entries)
@@ -68,13 +69,14 @@ def accuracy_table(entries: Sequence[Mapping[str, Any]], key: str) -> str:
                   else (MISSING_CELL, None) for setting in settings])
         for method in unique_in_order([entry["method"] for entry in entries])
     ]
-    return markdown_table(["Method", *settings], rows, [False] * len(settings))
+    return markdown_table(["Method", *(f"{setting} (%)" for setting in settings)], rows, [False] * len(settings))
 
 
 def fraction_column_name(fraction_key: str) -> str:
-    """"2/5" -> "2/5 T"; "5/5" -> "T"."""
+    """"2/5" -> "2/5 T"; "5/5" -> "last round (T)": the accuracy after that round alone (not the final
+    accuracy, which is the mean of the last rounds)."""
     numerator, denominator = fraction_key.split("/")
-    return "T" if numerator == denominator else f"{fraction_key} T"
+    return "last round (T)" if numerator == denominator else f"{fraction_key} T"
 
 
 def rounds_to_target_cell(by_seed: Mapping[int, Mapping[str, Any]]) -> Cell:
@@ -99,7 +101,7 @@ def speed_table(entries: Sequence[Mapping[str, Any]], setting: str) -> str:
         by_seed = cells[(method, setting)]
         row = [stats_cell(seed_stats(by_seed, f"accuracy_at/{key}")) for key in fraction_keys]
         rows.append((method, [*row, rounds_to_target_cell(by_seed)]))
-    header = ["Method", *(fraction_column_name(key) for key in fraction_keys), "rounds to target"]
+    header = ["Method", *(f"{fraction_column_name(key)} (%)" for key in fraction_keys), "rounds to target"]
     return markdown_table(header, rows, [False] * len(fraction_keys) + [True])
 
 

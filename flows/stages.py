@@ -157,7 +157,8 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
         if not run_directory_matches(config, run_dir):
             print(f"{experiment}: the config changed; starting this run over")
             shutil.rmtree(run_dir)
-        run_training(config, experiment, runs_dir=arguments.runs_dir, partition_file=str(partition_file))
+        run_training(config, experiment, runs_dir=arguments.runs_dir, partition_file=str(partition_file),
+                     method_label=params.label(arguments.method), grid=params.report.name)
         final_state = load_server_state(run_dir, completed_rounds(run_dir))
     history = final_state["history"][: config.federation.rounds]
     identity = {

@@ -11,15 +11,17 @@ from fedcme_core.config import config_from_dict
 from fedcme_core.rounds import RunError, RunPaths, completed_rounds, final_model, load_experiment_dataset, load_server_state
 
 from .errors import TrackingError
+from .names import mlflow_experiment_for, run_name
 from .tracking import RunTracker
 from .tracking_store import resolve_tracking_uri
-from .train import DEFAULT_MLFLOW_EXPERIMENT, run_tags
+from .train import run_tags
 
 
-def sync_run(
-    run_dir: str | Path, tracking_uri: str | None = None, mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT
-) -> dict[str, Any]:
-    """Log a run directory's committed rounds and final model into MLflow (those it lacks)."""
+def sync_run(run_dir: str | Path, tracking_uri: str | None = None, mlflow_experiment: str | None = None) -> dict[str, Any]:
+    """Log a run directory's committed rounds (under the grouped metric names, flows.tracking) and
+    final model into MLflow (those it lacks), then its summary: ``final_accuracy`` and the figure.
+    A run already in MLflow is found through the run directory's record; a new one goes to
+    `mlflow_experiment` (None: chosen as for training, flows.names.mlflow_experiment_for)."""
     paths = RunPaths(run_dir)
     if not paths.config.is_file():
         raise RunError(f"{paths.root}: not a run directory (no config.json)")
@@ -32,10 +34,11 @@ def sync_run(
     uri = resolve_tracking_uri(tracking_uri)
     history = load_server_state(paths.root, rounds)["history"]
     tracker = RunTracker.open(
-        uri, mlflow_experiment, paths.root.name, paths.root, params=config.flat(),
-        tags=run_tags(config),
+        uri, mlflow_experiment_for(config, mlflow_experiment), run_name(config), paths.root, params=config.flat(),
+        tags=run_tags(config, paths.root.name),
     )
     logged = tracker.sync(history)
+    tracker.log_summary(history)
     model_uri = tracker.logged_model_uri()
     if model_uri is None and tracker.failure is None:
         dataset = load_experiment_dataset(config.data, config.seed)

@@ -15,6 +15,13 @@ a fresh sqlite store's schema created by one command at a time); a call that mee
 store is retried with a bound (``flows.shared_stores.retry_busy``). A tracking failure mid-run
 never stops training: the tracker warns once (one line) and stops logging, the results stay in
 the run directory, and ``fedcme sync`` logs them later.
+
+The views (README, "MLflow"): per-round metrics grouped by prefix (``eval/test_accuracy``,
+``train/loss``, ``time/...``, ``clients/...``: :meth:`RoundRecord.mlflow_metrics`), at the run's end
+the summary metrics ``final_accuracy`` (mean of the last 5 rounds, ``fedcme_core.metrics.summarize``)
+and ``best_accuracy`` at the last round's step (so an extended run's value moves on), the accuracy
+curve ``figures/accuracy.png``, MLflow's system metrics (``system/...``, on unless
+``tracking.system_metrics: false``) and, on request, a registry version of the final model.
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ from .errors import TrackingError
 from .shared_stores import is_busy, retry_busy
 from .tracking_store import check_reachable, experiment_named, first_line, open_client
 
-ROUND_METRICS = RoundRecord.metric_names()
+METRIC_NAMES = RoundRecord.mlflow_metrics()  # {record key: MLflow name}
+ROUND_METRICS = tuple(METRIC_NAMES.values())
+STEP_METRIC = METRIC_NAMES["test_accuracy"]  # its steps are the rounds the run holds
 # What serving the logged model needs, stated (MLflow's own inference of it runs pip in a
 # subprocess for many seconds per run).
 PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
@@ -71,7 +80,7 @@ class RunTracker:
         self.run_dir = run_dir
         self.failure: str | None = None  # set by the first failed call; later calls are skipped
         self._logged: set[int] | None = None
-        self._first_step = 1  # the MLflow step of the round with index 0 (logged_rounds reads it)
+        self._monitor = None  # MLflow's system metrics monitor, while it samples
 
     @classmethod
     def open(
@@ -140,16 +149,16 @@ class RunTracker:
             return None
 
     def logged_rounds(self) -> set[int]:
-        """The steps the MLflow run holds. A run begun before rounds were numbered from 1 in MLflow
-        (it holds step 0) keeps its own numbering, so that a resumed run has no gap or duplicate."""
+        """The steps the MLflow run holds under the grouped names (a run begun under the old flat
+        names gets its every round under the grouped ones when resumed or synced)."""
         if self._logged is None:
-            self._logged = {metric.step for metric in self.client.get_metric_history(self.run_id, ROUND_METRICS[0])}
-            self._first_step = 0 if 0 in self._logged else 1
+            self._logged = {metric.step for metric in self.client.get_metric_history(self.run_id, STEP_METRIC)}
         return self._logged
 
-    def step(self, record: Mapping[str, Any]) -> int:
+    @staticmethod
+    def step(record: Mapping[str, Any]) -> int:
         """The MLflow step of a round: its number as the console counts it (1 for the first)."""
-        return int(record["round"]) + self._first_step
+        return int(record["round"]) + 1
 
     def sync(self, history: Iterable[Mapping[str, Any]]) -> int:
         """Log every round of `history` that the MLflow run lacks; returns how many were logged."""
@@ -171,9 +180,8 @@ class RunTracker:
         if step in self.logged_rounds():
             return
         timestamp = int(time.time() * 1000)
-        metrics = [
-            Metric(name, float(record[name]), timestamp, step) for name in ROUND_METRICS if record.get(name) is not None
-        ]
+        metrics = [Metric(name, float(record[key]), timestamp, step)
+                   for key, name in METRIC_NAMES.items() if record.get(key) is not None]
         round_file = {
             "round": step,
             "selected": record.get("selected", []),
@@ -244,5 +252,62 @@ class RunTracker:
             lambda: self.client.log_batch(self.run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()]),
         )
 
+    def log_summary(self, history: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+        """At the run's end: ``final_accuracy`` and ``best_accuracy`` (fractions) at the last round's
+        step, and the accuracy curve ``figures/accuracy.png``; returns the summary's figures."""
+        from .views import accuracy_figure, run_figures
+
+        figures = run_figures(history)
+        step, timestamp = figures["rounds"], int(time.time() * 1000)
+        metrics = [Metric(name, figures[name], timestamp, step) for name in ("final_accuracy", "best_accuracy")]
+
+        def log() -> dict[str, Any]:
+            self.client.log_batch(self.run_id, metrics=metrics)
+            figure = accuracy_figure(history, STEP_METRIC)
+            try:
+                self.client.log_figure(self.run_id, figure, "figures/accuracy.png")
+            finally:
+                import matplotlib.pyplot as plt
+
+                plt.close(figure)
+            return figures
+
+        return self._guarded("logging the summary", log)
+
+    def start_system_metrics(self, interval: float) -> None:
+        """Sample MLflow's system metrics (``system/cpu_utilization_percentage``...) every `interval`
+        seconds on a daemon thread until :meth:`finish`; an extended run continues their steps."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no INFO lines on the console
+
+        def start():
+            monitor = SystemMetricsMonitor(self.run_id, sampling_interval=interval, resume_logging=True,
+                                           tracking_uri=self.uri)
+            monitor.start()
+            return monitor
+
+        self._monitor = self._guarded("starting the system metrics", start)
+
+    def register_model(self, name: str, model_uri: str, tags: Mapping[str, Any]) -> str | None:
+        """Register `model_uri` as a new version of the registered model `name` (created if
+        missing), with version `tags`; returns the version's number."""
+
+        def register() -> str:
+            mlflow.set_tracking_uri(self.uri)
+            mlflow.set_registry_uri(self.uri)
+            version = mlflow.register_model(model_uri, name, tags={key: str(value) for key, value in tags.items()})
+            return str(version.version)
+
+        return self._guarded(f"registering the model {name!r}", register)
+
+    def experiment_id(self) -> str | None:
+        run = self._guarded("reading the run", lambda: self.client.get_run(self.run_id))
+        return None if run is None else run.info.experiment_id
+
     def finish(self, status: str = "FINISHED") -> None:
+        """Stop the system metrics (their last samples flushed), then end the run with `status`."""
+        if self._monitor is not None:
+            monitor, self._monitor = self._monitor, None
+            monitor.finish()
         self._guarded("ending the run", lambda: self.client.set_terminated(self.run_id, status=status))

@@ -11,6 +11,10 @@ evaluate -> commit. The clients of a phase run on the configured task runner: ``
 committed round and logs into the same MLflow run; :func:`flows.sync.sync_run` (``fedcme sync``)
 logs a run directory's rounds and model into MLflow after the fact (when tracking failed mid-run).
 A run directory belongs to one process at a time (``fedcme_core.rounds.lock``).
+What the run shows in the UIs (README, "MLflow"): its name and tags (flows.names), its MLflow
+experiment (smoke and scheduled runs apart from the grids'), the summary, figure, system metrics
+and registered model (flows.tracking), and the Prefect flow run's tags, version and artifacts
+(flows.views).
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import torch
 from prefect import flow, get_run_logger
@@ -45,12 +48,15 @@ from fedcme_core.partition_file import load_partition
 from fedcme_core.records import round_line
 
 from .command import check_device
+from .names import flow_run_tags, identity_tags, method_label, mlflow_experiment_for, run_name
 from .tasks import PrefectExecutor, make_task_runner, worker_layout
 from .tracking import RunTracker, git_commit
 from .tracking_store import check_reachable, resolve_tracking_uri, warm_up
+from .task_records import uses_temporary_server, wait_for_task_run_records
+from .views import label_flow_run, prefect_flow_run_url, publish_artifacts, run_figures
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
-DEFAULT_MLFLOW_EXPERIMENT = "fedcme"
+COMMIT = git_commit(PROJECT_DIR)  # the flow's version: a flow run is traced to its code
 
 
 def compute_line(choice) -> str:
@@ -59,15 +65,18 @@ def compute_line(choice) -> str:
     return f"compute {choice.compute.name} ({choice.chosen_by}{': ' + rates if rates else ''})"
 
 
-def run_tags(config: ExperimentConfig, prefect_flow_run_id: str | None = None) -> dict[str, str]:
+def run_tags(config: ExperimentConfig, experiment: str, prefect_flow_run_id: str | None = None,
+             label: str | None = None, grid: str | None = None) -> dict[str, str]:
     """The MLflow run's tags: what produced it (MLflow's own source tags, so the UI's "Source" shows
-    it), the dataset and the algorithm."""
+    it), the dataset and the algorithm, what finds it (flows.names.identity_tags) and its Prefect
+    flow run (``prefect_flow_run``: a link where Prefect's UI URL is known, else the id)."""
     commit = git_commit(PROJECT_DIR)
     tags = {"git_commit": commit, "dataset": config.data.dataset, "algorithm": config.algorithm.name,
             "mlflow.source.type": "JOB", "mlflow.source.name": "fedcme-train (flows/train.py)",
-            "mlflow.source.git.commit": commit}
+            "mlflow.source.git.commit": commit, **identity_tags(config, experiment, label, grid)}
     if prefect_flow_run_id is not None:
         tags["prefect_flow_run_id"] = prefect_flow_run_id
+        tags["prefect_flow_run"] = prefect_flow_run_url(prefect_flow_run_id) or prefect_flow_run_id
     return tags
 
 
@@ -98,7 +107,7 @@ def flow_run_name() -> str:
     return dated_experiment(experiment, flow_run.scheduled_start_time) if parameters.get("dated") else experiment
 
 
-@flow(name="fedcme-train", flow_run_name=flow_run_name, persist_result=False)
+@flow(name="fedcme-train", flow_run_name=flow_run_name, persist_result=False, version=COMMIT)
 def train_flow(
     config_file: str | None = None,
     experiment: str = "",
@@ -106,22 +115,28 @@ def train_flow(
     runs_dir: str = "runs",
     tracking_uri: str | None = None,
     partition_file: str | None = None,
-    mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
+    mlflow_experiment: str | None = None,
     config_section: str | None = None,
     config: ExperimentConfig | None = None,
     dated: bool = False,
+    method_label: str | None = None,
+    grid: str | None = None,
 ) -> dict[str, Any]:
     """Train one experiment (resuming it if its run directory holds completed rounds).
 
     A command passes the `config` it has already validated; a deployment passes `config_file`
     (and `overrides`), read when its run starts, so a scheduled run sees the file as it is then.
     With `dated` (a scheduled deployment), each run is an experiment of its own, named by its
-    scheduled start (:func:`dated_experiment`), so every trigger trains anew."""
+    scheduled start (:func:`dated_experiment`), so every trigger trains anew. `method_label` and
+    `grid` (a DVC grid cell's) name the run (flows.names); `mlflow_experiment` None: chosen by the
+    kind of run (:func:`flows.names.mlflow_experiment_for`: scheduled and smoke runs apart)."""
     if config is None:
         config = load_config(config_file, overrides=overrides, section=config_section)
     if dated:
         experiment = dated_experiment(experiment, flow_run.scheduled_start_time)
-    return train(config, experiment, runs_dir, tracking_uri, partition_file, mlflow_experiment)
+    views = {"label": method_label, "grid": grid,
+             "mlflow_experiment": mlflow_experiment_for(config, mlflow_experiment, scheduled=dated)}
+    return train(config, experiment, runs_dir, tracking_uri, partition_file, views)
 
 
 def train(
@@ -130,13 +145,14 @@ def train(
     runs_dir: str = "runs",
     tracking_uri: str | None = None,
     partition_file: str | None = None,
-    mlflow_experiment: str = DEFAULT_MLFLOW_EXPERIMENT,
+    views: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train `experiment` holding its run directory (a command's process holds it already; a
     deployment's run takes it here, and stops at once when another process holds it)."""
     check_device(config.device)
+    views = views or {"label": None, "grid": None, "mlflow_experiment": mlflow_experiment_for(config)}
     with hold_run(experiment_run_dir(runs_dir, experiment)):
-        return train_held(config, experiment, runs_dir, tracking_uri, partition_file, mlflow_experiment)
+        return train_held(config, experiment, runs_dir, tracking_uri, partition_file, views)
 
 
 def train_held(
@@ -145,23 +161,26 @@ def train_held(
     runs_dir: str,
     tracking_uri: str | None,
     partition_file: str | None,
-    mlflow_experiment: str,
+    views: dict[str, Any],
 ) -> dict[str, Any]:
+    """The run itself: tracker opened, rounds run and logged, then the run's summary, figure, model
+    (registered on request), the flow run's tags and artifacts."""
     logger = progress_logger()
+    label = views["label"] or method_label(config)
+    flow_run_id = str(flow_run.get_id())
+    label_flow_run(flow_run_id, flow_run_tags(config, COMMIT, views["grid"]), COMMIT)
     run_dir = experiment_run_dir(runs_dir, experiment)
     if config.runner.dask_address:  # workers elsewhere resolve the tasks' paths with their own working directory
         run_dir = run_dir.resolve()
     workers, threads = worker_layout(config.runner)
     torch.set_num_threads(threads)
     uri = resolve_tracking_uri(tracking_uri)
-    tracker = RunTracker.open(
-        uri,
-        mlflow_experiment,
-        experiment,
-        run_dir,
-        params=config.flat(),
-        tags=run_tags(config, str(flow_run.get_id())),
-    )
+    tags = run_tags(config, experiment, flow_run_id, label, views["grid"])
+    tracker = RunTracker.open(uri, views["mlflow_experiment"], run_name(config, label), run_dir,
+                              params=config.flat(), tags=tags)
+    tracker.set_tags(tags)  # a resumed or extended run: today's flow run and names
+    if config.tracking.system_metrics:
+        tracker.start_system_metrics(config.tracking.system_metrics_interval)
     total = config.federation.rounds
     started = time.perf_counter()
     rounds_done_here = 0
@@ -198,23 +217,33 @@ def train_held(
             partition_file=partition_file,
             on_start=on_start,
         )
+        figures = run_figures(history)
+        tracker.log_summary(history)
         dataset = load_experiment_dataset(config.data, config.seed)
         model_uri = tracker.log_model(final_model(config, run_dir), dataset.x_test[:2].numpy(), completed_rounds(run_dir))
+        registered = None
+        if config.tracking.register_model and model_uri is not None:
+            registered = tracker.register_model(config.tracking.register_model, model_uri, {
+                "method": config.algorithm.name, "method_label": label, "seed": config.seed,
+                "final_accuracy": f"{figures['final_accuracy']:.6f}", "experiment": experiment})
     except BaseException:
         tracker.finish("FAILED")
         raise
     tracker.finish("FINISHED")
+    publish_artifacts(experiment, label, figures, uri, tracker.experiment_id(), tracker.run_id)
     summary = {
         "experiment": experiment,
         "rounds": completed_rounds(run_dir),
-        "final_accuracy": history[-1]["test_accuracy"],
-        "best_accuracy": max(record["test_accuracy"] for record in history),
+        "final_accuracy": figures["final_accuracy"],  # mean of the last 5 rounds, as everywhere
+        "last_accuracy": figures["last_accuracy"],
+        "best_accuracy": figures["best_accuracy"],
         "run_dir": str(run_dir),
         "mlflow_run_id": tracker.run_id,
         "model_uri": model_uri,
+        "registered_model_version": registered,
         "tracking_uri": uri,
         "tracking_failure": tracker.failure,
-        "prefect_flow_run_id": str(flow_run.get_id()),
+        "prefect_flow_run_id": flow_run_id,
         "prefect_task_runs": executor.task_runs,
     }
     return summary
@@ -229,7 +258,9 @@ def run_training(config: ExperimentConfig | str | Path, experiment: str, ready: 
     wait for its Prefect server) is called just before the flow starts, after the work that needs
     no Prefect: the checks, the dataset and the MLflow store (:func:`~flows.tracking_store.warm_up`).
     The run directory is held (:func:`fedcme_core.rounds.lock.hold_run`) from after the checks
-    until the end: a second command on it stops at once, in one line."""
+    until the end: a second command on it stops at once, in one line. `parameters` are
+    :func:`train_flow`'s: runs_dir, tracking_uri, partition_file, mlflow_experiment, dated, and the
+    names of a DVC grid cell, `method_label` (``methods.<name>.label``) and `grid` (``report.name``)."""
     if not isinstance(config, ExperimentConfig):
         config = load_config(config, overrides=parameters.pop("overrides", None),
                              section=parameters.pop("config_section", None))
@@ -267,37 +298,3 @@ def run_held(config: ExperimentConfig, experiment: str, uri: str, ready: Callabl
                 file=sys.stderr,
             )
     return summary
-
-
-def uses_temporary_server() -> bool:
-    """True when this process's Prefect server stops with it: Prefect's own temporary server
-    (no PREFECT_API_URL) or the one `fedcme train` started (flows.prefect_server)."""
-    from prefect.settings import PREFECT_API_URL
-
-    from .prefect_server import is_temporary
-
-    return is_temporary(PREFECT_API_URL.value())
-
-
-def recorded_task_runs(flow_run_id: str) -> int:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    flow_filter = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
-    page, offset = 200, 0
-    with get_client(sync_client=True) as client:
-        while True:
-            runs = client.read_task_runs(flow_run_filter=flow_filter, limit=page, offset=offset)
-            offset += len(runs)
-            if len(runs) < page:
-                return offset
-
-
-def wait_for_task_run_records(flow_run_id: str, expected: int, timeout: float = 20.0) -> int:
-    """Wait (bounded) until the server has stored every task run of the flow run; returns how many it has."""
-    deadline = time.monotonic() + timeout
-    recorded = recorded_task_runs(flow_run_id)
-    while recorded < expected and time.monotonic() < deadline:
-        time.sleep(0.5)
-        recorded = recorded_task_runs(flow_run_id)
-    return recorded

@@ -142,12 +142,12 @@ def test_experiments_launched_at_once_on_fresh_stores_all_succeed_and_a_duplicat
     assert refusal(tmp_path / "runs" / "same", holder_pid).match(refused_errors.strip()), refused_errors
 
     client = MlflowClient(tracking_uri=uri)
-    runs = client.search_runs([client.get_experiment_by_name("fedcme").experiment_id])
-    assert sorted(run.info.run_name for run in runs) == ["e0", "e1", "e2", "e3", "same"]
+    runs = client.search_runs([client.get_experiment_by_name("fedcme-smoke").experiment_id])  # synthetic data
+    assert sorted(run.data.tags["experiment"] for run in runs) == ["e0", "e1", "e2", "e3", "same"]
     for run in runs:
-        assert run.info.status == "FINISHED", run.info.run_name
-        steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "test_accuracy")]
-        assert steps == list(range(1, ROUNDS + 1)), (run.info.run_name, steps)
+        assert run.info.status == "FINISHED", run.data.tags["experiment"]
+        steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "eval/test_accuracy")]
+        assert steps == list(range(1, ROUNDS + 1)), (run.data.tags["experiment"], steps)
     with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as database:
         flow_runs = database.execute("select name, state_type from flow_run").fetchall()
     assert sorted(flow_runs) == [(name, "COMPLETED") for name in ["e0", "e1", "e2", "e3", "same"]]

@@ -76,7 +76,7 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
 
     run = client.get_run(summary["mlflow_run_id"])
     for metric in ROUND_METRICS:
-        if metric == "exchange_seconds" or metric.startswith(("test", "train", "round", "phase")):
+        if metric == "time/exchange_seconds" or metric.startswith(("eval/", "train/", "time/round", "time/phase")):
             # One round numbering everywhere: the console's round 1 is step 1 (fedcme_core.records).
             assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [1, 2], metric
     assert run.data.params["algorithm.name"] == "fedcme" and run.data.params["federation.rounds"] == "2"
@@ -127,8 +127,8 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
         accuracy = (loaded(dataset.x_test).argmax(dim=1) == dataset.y_test).float().mean().item()
         features = loaded.eval().features(dataset.x_test[:3])  # the project's class: features() and classify()
         assert torch.equal(loaded.classify(features).argmax(dim=1), loaded(dataset.x_test[:3]).argmax(dim=1))
-    assert accuracy == pytest.approx(summary["final_accuracy"])
-    assert np.isclose(client.get_metric_history(run.info.run_id, "test_accuracy")[-1].value, accuracy)
+    assert accuracy == pytest.approx(summary["last_accuracy"])
+    assert np.isclose(client.get_metric_history(run.info.run_id, "eval/test_accuracy")[-1].value, accuracy)
 
     # Source and dataset, as the MLflow UI shows them; the model logged once, at the last round's step.
     assert run.data.tags["mlflow.source.type"] == "JOB"
@@ -139,7 +139,7 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
     assert {tag.key: tag.value for tag in dataset_input.tags}["fedcme.partition_sha256"] == partition_hash
     (model,) = client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
     assert model.tags["fedcme.current"] == "true" and model.tags["fedcme.rounds"] == "2"
-    assert {metric.key: metric.step for metric in model.metrics}.get("test_accuracy") == 2
+    assert {metric.key: metric.step for metric in model.metrics}.get("eval/test_accuracy") == 2
 
 
 def flow_run(flow_run_id: str):
@@ -247,7 +247,7 @@ def test_killed_run_resumes_to_the_same_model_without_duplicate_steps(tmp_path, 
     config = load_config(SMOKE, overrides={"federation.rounds": 3})
     assert same_state(final_model(config, summary["run_dir"]), final_model(config, straight["run_dir"]))
     assert summary["final_accuracy"] == straight["final_accuracy"]
-    for metric in ("test_accuracy", "train_loss", "round_seconds"):
+    for metric in ("eval/test_accuracy", "train/loss", "time/round_seconds"):
         assert [m.step for m in client.get_metric_history(summary["mlflow_run_id"], metric)] == [1, 2, 3]
 
 
@@ -305,3 +305,7 @@ def test_an_extended_run_has_one_current_model_and_tags_the_one_it_supersedes(tm
     assert by_rounds["1"].tags["fedcme.current"] == "false"
     assert by_rounds["1"].tags["fedcme.superseded_by"] == by_rounds["2"].model_id
     assert run.data.tags["model_uri"] == extended["model_uri"] == by_rounds["2"].model_uri
+    # One final accuracy (the mean of the last 5 rounds), updated at the extended run's last step.
+    accuracy = [m.value for m in client.get_metric_history(run.info.run_id, "eval/test_accuracy")]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "final_accuracy")] == [1, 2]
+    assert run.data.metrics["final_accuracy"] == pytest.approx(sum(accuracy) / 2) == extended["final_accuracy"]

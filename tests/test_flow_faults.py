@@ -43,7 +43,7 @@ def test_a_failing_client_is_retried_then_dropped_and_logged(tmp_path, prefect_s
 
     assert flaky.calls == 3  # the first try and two retries (inside the worker's task, or Prefect's task retries)
     client = MlflowClient(tracking_uri=uri)
-    failed = client.get_metric_history(summary["mlflow_run_id"], "failed_clients")
+    failed = client.get_metric_history(summary["mlflow_run_id"], "clients/failed")
     assert [(metric.step, metric.value) for metric in failed] == [(1, 1.0), (2, 0.0)]
     round_file = Path(client.download_artifacts(summary["mlflow_run_id"], "matching/round-0001.json", str(tmp_path)))
     assert "injected failure 3" in json.loads(round_file.read_text())["failures"][str(failing)]
@@ -101,7 +101,7 @@ def test_a_tracking_failure_mid_run_loses_nothing_and_sync_logs_the_rest(tmp_pat
     synced = json.loads(result.stdout.strip().splitlines()[-1])
     assert synced["rounds_logged"] == 2 and synced["model_uri"]
     client = MlflowClient(tracking_uri=uri)
-    steps = [metric.step for metric in client.get_metric_history(synced["mlflow_run_id"], "test_accuracy")]
+    steps = [metric.step for metric in client.get_metric_history(synced["mlflow_run_id"], "eval/test_accuracy")]
     assert steps == [1, 2, 3]
     assert client.get_run(synced["mlflow_run_id"]).info.status == "FINISHED"
 

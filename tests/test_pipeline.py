@@ -21,6 +21,7 @@ from .processes import sigint_as_in_a_terminal, wait_until_none_left
 EXPERIMENTS = ["fmnist-a0.5-k100m2-fedavg-s0", "fmnist-a0.5-k100m2-fedcme-mu001-s0", "fmnist-a0.5-k100m2-scaffold-s0",
                "fmnist-a0.5-k100m2-fedcme-no-exchange-s0"]
 PARTITION = Path("data/partitions/fmnist-a0.5-k100-s0")
+METHODS = [name.split("-k100m2-")[1].removesuffix("-s0") for name in EXPERIMENTS]
 
 
 def run(command: list[str], cwd: Path, environment: dict) -> str:
@@ -67,12 +68,11 @@ def test_repro_creates_every_declared_output(pipeline):
         PARTITION / "class_counts.json",
         PARTITION / "heatmap.png",
         "reports/results.md",
-        "reports/accuracy.png",
-        "reports/accuracy-ablation.png",
-        "reports/accuracy-matching.png",
+        "reports/figures/accuracy.png",
+        "reports/figures/accuracy-ablation.png",  # the smoke grid has an ablation run
         "reports/results.csv",
         *[f"models/{name}.pt" for name in EXPERIMENTS],
-        "reports/summary.json",
+        *[f"reports/summary/{method}.json" for method in METHODS],
         "reports/curves/fmnist-a0.5-k100m2.csv",
         "reports/curves/fmnist-a0.5-k100m2-ablation.csv",
         *[f"metrics/{name}.json" for name in EXPERIMENTS],
@@ -85,6 +85,8 @@ def test_repro_creates_every_declared_output(pipeline):
     counts = json.loads((workdir / PARTITION / "class_counts.json").read_text())
     assert sum(counts["sizes"]) == 6000  # the partition covers the params' seeded train_subset
     report = (workdir / "reports" / "results.md").read_text()
+    # No placeholder: the matching figure is there exactly when the report has a picture to link.
+    assert (workdir / "reports/figures/accuracy-matching.png").is_file() == ("![matching]" in report)
     assert "| FedAvg |" in report and "| FedCME(0.01) |" in report and "FedCME w/o exchange" in report
     assert "| SCAFFOLD |" in report
     # The report stage reads the grid file's methods: the no-exchange run checks the paper's exchange claim.
@@ -133,7 +135,7 @@ def test_metrics_params_and_plots_work_offline(pipeline):
     params = run(["dvc", "params", "diff", "--all"], workdir, environment)
     run(["dvc", "plots", "show", "-o", "plots-html"], workdir, environment)
 
-    assert "final_accuracy" in metrics and "fedcme-mu001" in metrics
+    assert "final_accuracy" in metrics and "reports/summary/fedcme-mu001.json" in metrics
     assert "methods.fedcme-mu001" in params
     page = (workdir / "plots-html" / "index.html").read_text()
     assert "vegaEmbed" in page and not re.search(r"<script[^>]+src=", page)
@@ -151,13 +153,29 @@ def test_metrics_are_numbers_and_the_summary_has_every_method(pipeline):
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], workdir, environment))
     files = {name: entry["data"] for revision in shown.values() for name, entry in revision["data"].items()}
 
-    assert set(files) == {"reports/summary.json", *(f"metrics/{name}.json" for name in EXPERIMENTS)}
+    summaries = {f"reports/summary/{method}.json" for method in METHODS}
+    assert set(files) == {*summaries, *(f"metrics/{name}.json" for name in EXPERIMENTS)}
     assert [(name, key) for name, values in files.items() for key, value in flat_values(values)
             if not isinstance(value, (int, float, type(None)))] == []
-    methods = [name.split("-k100m2-")[1].removesuffix("-s0") for name in EXPERIMENTS]
-    assert sorted(files["reports/summary.json"]["accuracy"]) == sorted(methods)
+    # One unit in one table: fractions in the experiments' files and in the per-method summary rows.
+    assert all(0 <= value <= 1 for name, values in files.items() for key, value in flat_values(values)
+               if "accuracy" in key and value is not None)
+    columns = {key for values in files.values() for key, _ in flat_values(values)}
+    # Four columns in all (rounds_to_target is null, so not listed, where no run reached the target).
+    assert {"final_accuracy", "best_accuracy", "accuracy_at.2/5"} <= columns <= {
+        "final_accuracy", "best_accuracy", "accuracy_at.2/5", "rounds_to_target"}
     fedavg = json.loads((workdir / "metrics" / f"{EXPERIMENTS[0]}.json").read_text())["final_accuracy"]
-    assert files["reports/summary.json"]["accuracy"]["fedavg"] == round(100 * fedavg, 2)
+    assert files["reports/summary/fedavg.json"]["final_accuracy"] == pytest.approx(fedavg, abs=1e-6)
+
+
+def test_dvc_metrics_show_fits_150_columns(pipeline):
+    workdir, environment, _ = pipeline
+
+    shown = run(["dvc", "metrics", "show"], workdir, {**environment, "COLUMNS": "150"})
+
+    lines = shown.splitlines()
+    assert len(lines) == 1 + len(EXPERIMENTS) + len(METHODS), shown
+    assert max(len(line) for line in lines) <= 150, shown
 
 
 def test_the_plot_overlays_the_methods_of_a_setting_with_integer_rounds_in_percent(pipeline):
@@ -167,9 +185,16 @@ def test_the_plot_overlays_the_methods_of_a_setting_with_integer_rounds_in_perce
 
     (overlay,) = shown["reports/curves/fmnist-a0.5-k100m2.csv"]
     spec = overlay["content"]
-    assert spec["encoding"]["x"]["axis"]["format"] == "d" and spec["encoding"]["color"]["field"] == "method"
-    assert spec["layer"][1]["encoding"]["y"]["title"] == "test accuracy (%)"
+    line = spec["spec"]["layer"][1]["encoding"]
+    assert spec["spec"]["encoding"]["x"]["axis"]["format"] == "d" and line["color"]["field"] == "method"
+    assert line["y"]["title"] == "test accuracy (%)"
+    # The legend shows each line's colour and dash (one legend: same field and title), not band-coloured circles.
+    assert line["strokeDash"]["legend"] == line["color"]["legend"] and line["color"]["legend"]["symbolType"] == "stroke"
+    assert spec["spec"]["layer"][0]["encoding"]["color"]["legend"] is None
     values = spec["data"]["values"]
+    # The chart's title is the setting in words (a facet header), not the CSV's path.
+    assert spec["facet"]["field"] == "setting" and {row["setting"] for row in values} == {"FMNIST α=0.5 K=100 M=2"}
+    assert "title" not in spec
     assert sorted({row["method"] for row in values}) == ["FedAvg", "FedCME(0.01)", "SCAFFOLD"]
     assert sorted({row["round"] for row in values}) == ["1", "2"]
     fedavg = [float(row["accuracy"]) for row in values if row["method"] == "FedAvg"]
@@ -195,10 +220,13 @@ def test_make_compare_fits_a_terminal(pipeline):
         params.write_text(kept)
 
     lines = shown.splitlines()
+    # The commit has no results (reports/ is not committed): one line says so instead of a row of "!".
+    assert re.match(r"Not shown: (master|main): no results in that commit", lines[0]), shown
     header = lines[1].split()
-    assert header == ["Experiment", "Created", "accuracy.fedavg", "accuracy.fedcme-mu001", "accuracy.fedcme-no-exchange",
-                      "accuracy.scaffold", "base.training.batch_size"], shown
-    assert "…" not in shown and max(len(line) for line in lines) <= width, shown
+    assert header == ["Experiment", "Created", "fedavg", "(%)", "fedcme-mu001", "(%)", "fedcme-no-exchange", "(%)",
+                      "scaffold", "(%)", "base.training.batch_size"], shown
+    assert lines[2].split()[0] == "workspace" and len(lines) == 3, shown
+    assert "!" not in shown and max(len(line) for line in lines) <= width, shown
 
 
 def test_changing_one_method_reruns_only_its_train_stage_and_the_report(pipeline):
@@ -268,6 +296,10 @@ def test_make_runs_repro_starts_one_prefect_server_for_every_stage(tmp_path, mir
     assert output.count("uses a temporary Prefect server") == 1
     assert "so the whole grid (every stage) uses a temporary Prefect server" in output
     assert (workdir / "metrics" / f"{EXPERIMENTS[0]}.json").is_file()
+    # The grid's progress: one line per finished experiment, k of N with its final accuracy.
+    assert "[grid] 1 experiment to train" in output
+    assert re.search(rf"\[grid\] 1 of 1 done: {EXPERIMENTS[0]}: final accuracy \d+\.\d\d%, elapsed \S+, grid done",
+                     output), output
     assert wait_until_none_left(f"PREFECT_HOME={tmp_path / 'prefect-home'}", timeout=30) == []
 
 

@@ -33,6 +33,10 @@ def test_metric_and_csv_names_derive_from_the_record():
     metrics = RoundRecord.metric_names()
     assert metrics[0] == "test_accuracy" and {"exchange_seconds", "rejected_clients"} <= set(metrics)
     assert not {"round", "selected", "pairs", "failures", "per_class_accuracy"} & set(metrics)
+    names = RoundRecord.mlflow_metrics()  # grouped by prefix, so MLflow's charts group them
+    assert list(names) == list(metrics) and names["test_accuracy"] == "eval/test_accuracy"
+    assert names["train_loss"] == "train/loss" and names["failed_clients"] == "clients/failed"
+    assert all(name.split("/")[0] in ("eval", "train", "time", "clients") for name in names.values())
 
 
 def test_round_line_by_hand():

@@ -14,7 +14,7 @@ import yaml
 from fedcme_core.metrics import history_csv, split_summary, with_content_hash
 from flows.report import main, write_report
 from flows.report_inputs import load_matching, load_metrics, matching_runs
-from flows.report_dvc import curve_tables, summary_metrics
+from flows.report_dvc import compare_table, curve_tables, summary_metrics
 from flows.report_figures import FIGURE_DPI, matching_png, seed_band
 from flows.report_published import published_table
 from flows.report_tables import (
@@ -127,7 +127,7 @@ def test_a_demonstrated_win_is_every_seed_at_p_below_005():
 def test_table_ii_gives_mean_std_and_n_per_cell():
     table = accuracy_table(grid_entries(), "final_accuracy")
 
-    assert table.splitlines()[0] == f"| Method | {LOW} | {HIGH} |"
+    assert table.splitlines()[0] == f"| Method | {LOW} (%) | {HIGH} (%) |"
     assert table_row(table, "FedAvg") == ["55.00 ± 7.07 (2)", "70.12 (1)"]
     assert table_row(table, "FedProx(0.01)") == ["56.50 ± 7.78 (2)", "–"]
     assert table_row(table, "FedCME(0.01)") == ["**57.00 ± 5.66 (2)**", "**72.50 (1)**"]
@@ -151,7 +151,8 @@ def test_table_ii_rejects_two_runs_of_one_cell_and_seed():
 def test_table_iii_gives_fractions_over_seeds_and_rounds_to_target():
     table = speed_table(grid_entries(), LOW)
 
-    assert table.splitlines()[0] == "| Method | 1/5 T | 2/5 T | 3/5 T | 4/5 T | T | rounds to target |"
+    assert table.splitlines()[0] == ("| Method | 1/5 T (%) | 2/5 T (%) | 3/5 T (%) | 4/5 T (%) | last round (T) (%) "
+                                     "| rounds to target |")
     assert table_row(table, "FedAvg") == ["20.00 ± 0.00 (2)", "40.00 ± 7.07 (2)", "47.00 ± 7.07 (2)",
                                           "53.00 ± 7.07 (2)", "55.00 ± 7.07 (2)", "5 (1/2)"]
     assert table_row(table, "FedProx(0.01)")[-1] == "**4**"
@@ -265,11 +266,20 @@ def test_write_report_writes_markdown_figures_and_csv(tmp_path):
     assert "![accuracy](accuracy.png)" in markdown
     assert "## Ablations" not in markdown and "![matching]" not in markdown
     assert "## Where FedCME does not win" in markdown
-    assert sorted(path.name for path in out.iterdir()) == [
-        "accuracy-ablation.png", "accuracy-matching.png", "accuracy.png", "results.csv", "results.md"]
+    # No ablation runs and no matching records: no figure for either (no placeholder).
+    assert sorted(path.name for path in out.iterdir()) == ["accuracy.png", "results.csv", "results.md"]
     assert (out / "results.csv").read_text(encoding="utf-8") == summary_csv(grid_entries(), "g")
-    for name in ("accuracy.png", "accuracy-ablation.png", "accuracy-matching.png"):
-        assert (out / name).read_bytes().startswith(b"\x89PNG")
+    assert (out / "accuracy.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_figure_left_from_an_earlier_grid_with_nothing_to_draw_now_is_removed(tmp_path):
+    metrics = write_metrics_folder(tmp_path / "metrics", grid_entries())
+    stale = tmp_path / "accuracy-ablation.png"
+    stale.write_bytes(b"\x89PNG old")
+
+    write_report(metrics, tmp_path / "results.md", tmp_path / "accuracy.png")
+
+    assert not stale.exists() and (tmp_path / "accuracy.png").is_file()
 
 
 def test_accuracy_figure_is_at_least_1200_px_per_panel(tmp_path):
@@ -308,7 +318,9 @@ def test_matching_picture_uses_the_first_fedcme_method_and_setting_over_its_seed
     assert [run["experiment"] for run in runs] == ["c-fedcme-low-s0", "c-fedcme-low-s1"]
     markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
     assert "## What the matching does" in markdown and "![matching](accuracy-matching.png)" in markdown
-    assert len((tmp_path / "accuracy-matching.png").read_bytes()) > 50_000
+    picture = (tmp_path / "accuracy-matching.png").read_bytes()
+    assert len(picture) > 50_000
+    assert int.from_bytes(picture[16:20], "big") == 1200  # fits 1,200 px wide
 
 
 def test_the_matching_picture_draws_at_most_five_pairs_a_round(tmp_path):
@@ -411,10 +423,11 @@ def test_a_results_file_holds_numbers_only_and_reads_back_joined_with_its_about_
 
     results = json.loads((tmp_path / "split.json").read_text())
     about = json.loads((tmp_path / "about" / "split.json").read_text())
-    assert sorted(results) == ["accuracy_at", "best_accuracy", "best_round", "final_accuracy", "final_loss",
-                               "rounds", "rounds_to_target", "total_seconds"]
-    assert all(isinstance(value, (int, float)) for key, value in results.items() if key != "accuracy_at")
+    # Only what compares in `dvc metrics show`: four columns; the rest is in the about file.
+    assert results == {"final_accuracy": 0.5, "best_accuracy": entry["best_accuracy"],
+                       "rounds_to_target": 3, "accuracy_at": {"2/5": entry["accuracy_at"]["2/5"]}}
     assert about["method"] == "FedAvg" and about["content_sha256"] == entry["content_sha256"]
+    assert about["accuracy_at"] == entry["accuracy_at"] and "final_accuracy" not in about
     assert load_metrics(tmp_path) == [entry]
 
 
@@ -443,11 +456,43 @@ def test_an_edited_about_file_is_named_by_the_content_hash(tmp_path):
 
 
 # ------------------------------------------------------------------------------- what DVC shows
-def test_the_summary_metric_is_each_methods_mean_final_accuracy_in_percent():
+def test_the_summary_metric_is_each_methods_mean_accuracies_as_fractions_in_the_experiments_columns():
     summary = summary_metrics(grid_entries())
 
     # FedAvg: (0.50 + 0.60 + 0.7012) / 3; FedProx: (0.51 + 0.62) / 2; FedCME: (0.53 + 0.61 + 0.725) / 3.
-    assert summary == {"accuracy": {"fedavg": 60.04, "fedprox(0.01)": 56.5, "fedcme(0.01)": 62.17}}
+    assert {name: row["final_accuracy"] for name, row in summary.items()} == {
+        "fedavg": 0.600400, "fedprox(0.01)": 0.565, "fedcme(0.01)": 0.621667}
+    assert all(set(row) <= {"final_accuracy", "best_accuracy", "accuracy_at"} for row in summary.values())
+
+
+def test_write_report_writes_one_summary_file_per_method_and_removes_stale_ones(tmp_path):
+    metrics = write_metrics_folder(tmp_path / "metrics", grid_entries())
+    (tmp_path / "summary").mkdir()
+    (tmp_path / "summary" / "gone.json").write_text("{}")
+
+    write_report(metrics, tmp_path / "r.md", tmp_path / "a.png", output_summary=tmp_path / "summary")
+
+    assert sorted(path.name for path in (tmp_path / "summary").iterdir()) == [
+        "fedavg.json", "fedcme(0.01).json", "fedprox(0.01).json"]
+    assert json.loads((tmp_path / "summary" / "fedavg.json").read_text())["final_accuracy"] == 0.6004
+
+
+COMPARE_CSV = """Experiment,rev,Created,reports/summary/fedavg.json:final_accuracy,reports/summary/fedcme-mu001.json:final_accuracy,base.training.batch_size
+,workspace,,0.7012,0.71234,32
+,main,2026-12-05T20:15:35,!,!,64
+exp-1a2b3,1a2b3c4,2026-12-05T21:00:00,0.69,0.7,16
+"""
+
+
+def test_make_compare_shows_each_method_in_percent_and_says_why_a_commit_has_no_row():
+    lines = compare_table(COMPARE_CSV).splitlines()
+
+    assert lines[0].startswith("Not shown: main: no results in that commit (reports/ is not committed")
+    assert lines[1].split() == ["Experiment", "Created", "fedavg", "(%)", "fedcme-mu001", "(%)",
+                                "base.training.batch_size"]
+    assert lines[2].split() == ["workspace", "-", "70.12", "71.23", "32"]
+    assert lines[3].split() == ["exp-1a2b3", "2026-12-05", "21:00", "69.00", "70.00", "16"]
+    assert len(lines) == 4
 
 
 def test_the_overlay_tables_give_each_setting_every_method_per_round_in_percent(tmp_path):
@@ -461,6 +506,7 @@ def test_the_overlay_tables_give_each_setting_every_method_per_round_in_percent(
     second = rows[1]  # FedAvg round 2: seeds 0.35 and 0.45
     assert (second["round"], float(second["accuracy"]), float(second["accuracy_min"]),
             float(second["accuracy_max"]), second["seeds"]) == ("2", 40.0, 35.0, 45.0, "2")
+    assert {row["setting"] for row in rows} == {LOW}  # the chart's title: the setting in words
     ablation = list(csv.DictReader(io.StringIO(tables["fmnist-a0.1-k50m20-ablation.csv"])))
     assert sorted({row["method"] for row in ablation}) == ["FedCME w/o exchange", "FedCME(0.01)"]
     assert [float(row["accuracy"]) for row in ablation if row["method"] == "FedCME w/o exchange"] == [

@@ -1,5 +1,5 @@
-"""RunTracker against a real MLflow sqlite store: one round numbering, runs begun before it, the
-warm-up, and a store shared by several commands (a fresh one opened at once, a busy one)."""
+"""RunTracker against a real MLflow sqlite store: one round numbering under the grouped metric names,
+runs begun before them, the summary, the warm-up, and a store shared by several commands (a fresh one opened at once, a busy one)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def open_tracker(tmp_path) -> RunTracker:
     return RunTracker.open(f"sqlite:///{tmp_path / 'mlflow.db'}", "fedcme", "run", run_dir, params={}, tags={})
 
 
-def steps(tracker: RunTracker, metric: str = "test_accuracy") -> list[tuple[int, float]]:
+def steps(tracker: RunTracker, metric: str = "eval/test_accuracy") -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in MlflowClient(tracker.uri).get_metric_history(tracker.run_id, metric)]
 
 
@@ -49,7 +49,7 @@ def test_rounds_are_logged_as_steps_from_one_with_matching_artifacts_of_the_same
     assert artifacts == ["matching/round-0001.json", "matching/round-0002.json"]
 
 
-def test_a_run_begun_with_steps_from_zero_keeps_its_numbering_when_resumed(tmp_path):
+def test_a_run_begun_under_the_old_flat_names_gets_every_round_under_the_grouped_names_when_resumed(tmp_path):
     tracker = open_tracker(tmp_path)
     client = MlflowClient(tracker.uri)
     now = int(time.time() * 1000)
@@ -59,8 +59,26 @@ def test_a_run_begun_with_steps_from_zero_keeps_its_numbering_when_resumed(tmp_p
     history = [record(index, test_accuracy=0.1 * (index + 1)).to_dict() for index in range(3)]
 
     assert resumed.run_id == tracker.run_id
-    assert resumed.sync(history) == 1
-    assert [step for step, _ in steps(resumed)] == [0, 1, 2]
+    assert resumed.sync(history) == 3
+    assert [step for step, _ in steps(resumed)] == [1, 2, 3]
+    assert [step for step, _ in steps(resumed, "train/loss")] == [1, 2, 3]
+    assert [step for step, _ in steps(resumed, "test_accuracy")] == [0, 1]  # the old history is left as it was
+
+
+def test_the_summary_is_the_mean_of_the_last_five_rounds_and_moves_on_when_a_run_is_extended(tmp_path):
+    tracker = open_tracker(tmp_path)
+    history = [record(index, test_accuracy=0.1 * (index + 1)).to_dict() for index in range(6)]
+    tracker.sync(history[:2])
+    tracker.log_summary(history[:2])
+    tracker.sync(history)
+    tracker.log_summary(history)  # the run extended to 6 rounds
+
+    run = MlflowClient(tracker.uri).get_run(tracker.run_id)
+    assert run.data.metrics["final_accuracy"] == pytest.approx(0.4)  # (0.2 + 0.3 + 0.4 + 0.5 + 0.6) / 5
+    assert steps(tracker, "final_accuracy") == [(2, pytest.approx(0.15)), (6, pytest.approx(0.4))]
+    assert run.data.metrics["best_accuracy"] == pytest.approx(0.6)
+    figures = [item.path for item in MlflowClient(tracker.uri).list_artifacts(tracker.run_id, "figures")]
+    assert figures == ["figures/accuracy.png"]
 
 
 def test_the_warm_up_opens_the_store_and_builds_mlflows_package_map_that_log_model_checks_against(tmp_path, monkeypatch):
@@ -106,7 +124,7 @@ def test_a_fresh_store_opened_by_several_commands_at_once_serves_them_all(tmp_pa
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("fedcme").experiment_id])
     assert sorted(run.info.run_name for run in runs) == names
-    assert all([m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")] == [1, 2] for run in runs)
+    assert all([m.step for m in client.get_metric_history(run.info.run_id, "eval/test_accuracy")] == [1, 2] for run in runs)
     assert FirstUse(tmp_path / "mlflow.db", "mlflow", mlflow.__version__).is_done()
 
 

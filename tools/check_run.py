@@ -4,9 +4,10 @@
 
 Reads the grid of the params file, then `dvc metrics show --json`: every experiment of the grid
 and of the ablation must be listed with a numeric final accuracy, no metric may be text (names
-and settings live in metrics/about/), `reports/summary.json` must give every method's accuracy,
-`reports/results.md` (naming
-every method) and the report PNGs must exist, and `reports/results.csv` must hold one row per experiment. One line per problem on stderr and exit
+and settings live in metrics/about/), `reports/summary/<method>.json` must give every method's final
+accuracy, `reports/results.md` (naming every method), `reports/figures/accuracy.png` (and
+`accuracy-ablation.png` where the grid has ablation runs) must exist, and `reports/results.csv` must
+hold one row per experiment. One line per problem on stderr and exit
 status 1; a one-line summary and 0 when all is there. `.ci/run` runs it after `make run`.
 """
 
@@ -24,9 +25,10 @@ from fedcme_core.params import load_params  # noqa: E402
 from flows.stages import experiment_name  # noqa: E402
 
 REPORT = Path("reports/results.md")
-FIGURES = (Path("reports/accuracy.png"), Path("reports/accuracy-ablation.png"), Path("reports/accuracy-matching.png"))
+FIGURE = Path("reports/figures/accuracy.png")
+ABLATION_FIGURE = Path("reports/figures/accuracy-ablation.png")
 SUMMARY = Path("reports/results.csv")
-SUMMARY_METRIC = Path("reports/summary.json")
+SUMMARY_METRICS = Path("reports/summary")
 
 
 def flat(values: dict, prefix: str = "") -> dict:
@@ -64,17 +66,17 @@ def problems(params_path: str) -> tuple[list[str], int]:
             found.append(f"{name}: final_accuracy is {accuracy!r}, not a number")
     found += [f"{name}: {key} is text ({value!r}); `dvc metrics show` lists numbers only"
               for name, values in metrics.items() for key, value in flat(values).items() if isinstance(value, str)]
-    summary = flat(metrics.get(str(SUMMARY_METRIC), {}))
     methods = {cell[0] for cell in cells}
-    found += [f"{SUMMARY_METRIC}: no accuracy.{method}" for method in sorted(methods)
-              if not isinstance(summary.get(f"accuracy.{method}"), (int, float))]
+    found += [f"{SUMMARY_METRICS}/{method}.json: no final_accuracy" for method in sorted(methods)
+              if not isinstance(metrics.get(f"{SUMMARY_METRICS}/{method}.json", {}).get("final_accuracy"), (int, float))]
     if not REPORT.is_file():
         found.append(f"{REPORT}: missing")
     else:
         report = REPORT.read_text(encoding="utf-8")
         found += [f"{REPORT}: no row for {params.label(method)}" for method in params.grid.methods
                   if f"| {params.label(method)} |" not in report]
-    found += [f"{figure}: missing or empty" for figure in FIGURES if not figure.is_file() or figure.stat().st_size == 0]
+    figures = [FIGURE, *([ABLATION_FIGURE] if params.ablation is not None and params.ablation.methods else [])]
+    found += [f"{figure}: missing or empty" for figure in figures if not figure.is_file() or figure.stat().st_size == 0]
     rows = SUMMARY.read_text(encoding="utf-8").splitlines()[1:] if SUMMARY.is_file() else None
     if rows is None:
         found.append(f"{SUMMARY}: missing")
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if found:
         return 1
     print(f"check_run: {arguments.params}: all {experiments} experiments listed by `dvc metrics show`, "
-          f"{REPORT}, {SUMMARY} and {', '.join(map(str, FIGURES))} written")
+          f"{REPORT}, {SUMMARY} and {FIGURE} written")
     return 0
 
 

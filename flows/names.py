@@ -1,0 +1,64 @@
+"""How a training run is named where a researcher compares runs: the MLflow run's name and tags,
+the Prefect flow run's tags, and the MLflow experiment it goes to (no mlflow or prefect here).
+
+    run name   FedCME(0.01) s0 · fmnist α=1.0 K10 M10      (method label, seed, setting)
+    tags       method, method_label, seed, setting, grid ("none" outside a DVC grid), experiment
+"""
+
+from __future__ import annotations
+
+from fedcme_core.config import ExperimentConfig
+
+DEFAULT_MLFLOW_EXPERIMENT = "fedcme"  # the grids' experiment (and a plain `fedcme train` on real data)
+SMOKE_MLFLOW_EXPERIMENT = "fedcme-smoke"  # runs on synthetic data (configs/smoke.yaml, tests, benches)
+SCHEDULED_MLFLOW_EXPERIMENT = "fedcme-scheduled"  # the runs of a scheduled deployment (`fedcme serve --cron`)
+NO_GRID = "none"
+
+DISPLAY_NAMES = {"fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON", "fedrs": "FedRS", "fedcme": "FedCME",
+                 "scaffold": "SCAFFOLD"}
+# The hyper-parameter a method's label shows: FedCME(0.01) is FedCME with mu 0.01.
+LABEL_PARAMETER = {"fedprox": "mu", "moon": "mu", "fedrs": "alpha", "fedcme": "mu"}
+
+
+def method_label(config: ExperimentConfig) -> str:
+    """`FedCME(0.01)`, `FedProx(0.001)`, `FedRS(0.5)`, `FedAvg`: the algorithm and its main hyper-parameter."""
+    name = config.algorithm.name
+    display = DISPLAY_NAMES.get(name, name)
+    parameter = LABEL_PARAMETER.get(name)
+    return f"{display}({getattr(config.algorithm, parameter):g})" if parameter else display
+
+
+def setting(config: ExperimentConfig) -> str:
+    """`fmnist α=1.0 K10 M10`: the dataset, the partition and the federation's size."""
+    partition = config.partition
+    split = {"iid": "iid", "labels_per_client": f"#C={partition.labels_per_client}",
+             "lognormal_dirichlet": f"lognormal α={partition.alpha}"}.get(partition.method, f"α={partition.alpha}")
+    return (f"{config.data.dataset} {split} K{config.federation.num_clients} "
+            f"M{config.federation.clients_per_round}")
+
+
+def run_name(config: ExperimentConfig, label: str | None = None) -> str:
+    """The MLflow run's name: `FedCME(0.01) s0 · fmnist α=1.0 K10 M10` (label: the grid's, else derived)."""
+    return f"{label or method_label(config)} s{config.seed} · {setting(config)}"
+
+
+def identity_tags(config: ExperimentConfig, experiment: str, label: str | None = None,
+                  grid: str | None = None) -> dict[str, str]:
+    """The tags that find a run: method, method_label, seed, setting, grid and experiment."""
+    return {"method": config.algorithm.name, "method_label": label or method_label(config),
+            "seed": str(config.seed), "setting": setting(config), "grid": grid or NO_GRID, "experiment": experiment}
+
+
+def flow_run_tags(config: ExperimentConfig, commit: str, grid: str | None = None) -> list[str]:
+    """The Prefect flow run's tags: `commit:<sha>`, `method:<name>`, `seed:<n>`, `grid:<name|none>`."""
+    return [f"commit:{commit}", f"method:{config.algorithm.name}", f"seed:{config.seed}", f"grid:{grid or NO_GRID}"]
+
+
+def mlflow_experiment_for(config: ExperimentConfig, chosen: str | None = None, scheduled: bool = False) -> str:
+    """The MLflow experiment of a run: `chosen` (--mlflow-experiment), else `tracking.mlflow_experiment`,
+    else `fedcme-scheduled` for a scheduled run, `fedcme-smoke` for synthetic data, else `fedcme`."""
+    if chosen or config.tracking.mlflow_experiment:
+        return chosen or config.tracking.mlflow_experiment
+    if scheduled:
+        return SCHEDULED_MLFLOW_EXPERIMENT
+    return SMOKE_MLFLOW_EXPERIMENT if config.data.dataset == "synthetic" else DEFAULT_MLFLOW_EXPERIMENT

@@ -1,0 +1,108 @@
+"""What a training run shows where a researcher compares runs, besides its per-round metrics: its
+summary figures, its accuracy curve, and the links between its Prefect flow run and its MLflow run.
+
+The Prefect side: the flow run is tagged (`commit:`, `method:`, `seed:`, `grid:`; flows/names.py),
+its version is the git commit, and it ends with two artifacts, `mlflow-run` (a link to the MLflow
+run: the tracking server's URL, or for a sqlite store the URL `mlflow ui` serves it at, with the run
+id and the store in its description) and `training-summary` (markdown: final accuracy, best, rounds).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fedcme_core.metrics import summarize
+
+MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"  # where README's `mlflow ui ... --host 127.0.0.1` serves a sqlite store
+
+
+def run_figures(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """final_accuracy (mean of the last 5 rounds, `summarize`), best_accuracy and best_round,
+    last_accuracy (the last round's) and rounds, as fractions and 1-based rounds."""
+    summary = summarize(history)
+    return {"final_accuracy": summary["final_accuracy"], "best_accuracy": summary["best_accuracy"],
+            "best_round": summary["best_round"], "rounds": summary["rounds"],
+            "last_accuracy": float(max(history, key=lambda record: int(record["round"]))["test_accuracy"])}
+
+
+def accuracy_figure(history: Sequence[Mapping[str, Any]], metric: str):
+    """A small figure of test accuracy per round (matplotlib's Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    records = sorted(history, key=lambda record: int(record["round"]))
+    figure, axes = plt.subplots(figsize=(4.0, 2.8), dpi=100)
+    axes.plot([int(record["round"]) + 1 for record in records], [float(record["test_accuracy"]) for record in records],
+              marker="o" if len(records) <= 30 else None, markersize=3)
+    axes.set_xlabel("round")
+    axes.set_ylabel(f"test accuracy ({metric})", fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def mlflow_run_url(uri: str, experiment_id: str, run_id: str) -> str:
+    """The run's page in MLflow's UI: the tracking server's own (http), else $FEDCME_MLFLOW_UI_URL,
+    else where `mlflow ui --host 127.0.0.1` serves a sqlite store."""
+    base = uri if uri.startswith(("http://", "https://")) else os.environ.get("FEDCME_MLFLOW_UI_URL", MLFLOW_UI_DEFAULT)
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def prefect_flow_run_url(flow_run_id: str) -> str | None:
+    """The flow run's page in Prefect's UI, where its URL is known (PREFECT_UI_URL or the API's)."""
+    from prefect.utilities.urls import url_for
+
+    try:
+        return url_for("flow-run", obj_id=flow_run_id)
+    except Exception:  # noqa: BLE001 - no UI known: the id is the reference
+        return None
+
+
+def label_flow_run(flow_run_id: str, tags: list[str], version: str) -> None:
+    """Add `tags` to the flow run and set its version (the git commit), through Prefect's client
+    (so a deployment's runs get them too)."""
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            existing = list(client.read_flow_run(flow_run_id).tags or [])
+            client.update_flow_run(flow_run_id, tags=sorted({*existing, *tags}), flow_version=version)
+    except Exception as error:  # noqa: BLE001 - a label is no reason to stop training
+        warn(f"could not tag the Prefect flow run {flow_run_id}", error)
+
+
+def warn(what: str, error: BaseException) -> None:
+    """One line on stderr: the views are extras, their failure never stops a run."""
+    reason = str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+    print(f"warning: {what} ({reason}); the run itself is complete", file=sys.stderr, flush=True)
+
+
+def summary_markdown(experiment: str, label: str, figures: Mapping[str, Any], mlflow_run_id: str | None) -> str:
+    """The flow run's `training-summary` artifact: its final figures as a small markdown table."""
+    rows = [("final accuracy (mean of the last 5 rounds)", f"{figures['final_accuracy']:.4f}"),
+            ("best accuracy", f"{figures['best_accuracy']:.4f} (round {figures['best_round']})"),
+            ("last round's accuracy", f"{figures['last_accuracy']:.4f}"),
+            ("rounds", str(figures["rounds"])),
+            ("MLflow run", mlflow_run_id or "not tracked")]
+    table = "\n".join(f"| {name} | {value} |" for name, value in rows)
+    return f"### {experiment}: {label}\n\n| | |\n|---|---|\n{table}\n"
+
+
+def publish_artifacts(experiment: str, label: str, figures: Mapping[str, Any], uri: str,
+                      experiment_id: str | None, run_id: str | None) -> None:
+    """The flow run's two artifacts: `mlflow-run` (link) and `training-summary` (markdown)."""
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+    try:
+        if run_id is not None and experiment_id is not None:
+            create_link_artifact(mlflow_run_url(uri, experiment_id, run_id), link_text=f"MLflow run {run_id}",
+                                 key="mlflow-run", description=f"MLflow run {run_id} in {uri}")
+        create_markdown_artifact(summary_markdown(experiment, label, figures, run_id), key="training-summary",
+                                 description=f"{experiment}: final accuracy {figures['final_accuracy']:.4f}")
+    except Exception as error:  # noqa: BLE001
+        warn("could not write the Prefect flow run's artifacts", error)

@@ -1,0 +1,111 @@
+"""What a researcher sees of a training run, read through the tools' own clients: MLflow's
+search_runs, get_run, artifacts and registry; Prefect's read_flow_run and artifacts."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from fedcme_core.config import ConfigError, config_from_dict
+from flows.names import method_label, mlflow_experiment_for, run_name
+from flows.tracking import git_commit
+from flows.train import run_training
+from flows.views import mlflow_run_url
+
+from .conftest import REPO_ROOT
+
+SMOKE = str(REPO_ROOT / "configs" / "smoke.yaml")
+
+
+def prefect_views(flow_run_id: str):
+    """(the flow run, {artifact key: artifact}) as Prefect's UI shows them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    return run, {artifact.key: artifact for artifact in artifacts}
+
+
+def test_a_grid_cell_is_found_by_its_tags_with_its_summary_figure_system_metrics_and_registered_model(
+        tmp_path, prefect_server):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    summary = run_training(SMOKE, "views", overrides={"tracking.system_metrics_interval": 1.0},
+                           runs_dir=str(tmp_path / "runs"), tracking_uri=uri, method_label="FedCME (ours)",
+                           grid="paper")
+    client = MlflowClient(tracking_uri=uri)
+
+    experiment = client.get_experiment_by_name("fedcme-smoke")  # synthetic data: apart from the grids' runs
+    (run,) = client.search_runs([experiment.experiment_id],
+                                "tags.method_label = 'FedCME (ours)' and tags.grid = 'paper' and tags.seed = '0'")
+    assert run.info.run_id == summary["mlflow_run_id"]
+    assert run.info.run_name == "FedCME (ours) s0 · synthetic α=0.5 K8 M4"
+    assert run.data.tags["method"] == "fedcme" and run.data.tags["setting"] == "synthetic α=0.5 K8 M4"
+    accuracy = [m.value for m in client.get_metric_history(run.info.run_id, "eval/test_accuracy")]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1, 2]
+    assert {"eval/test_loss", "time/round_seconds", "clients/aggregated"} <= set(run.data.metrics)
+    assert "test_accuracy" not in run.data.metrics
+    assert run.data.metrics["final_accuracy"] == pytest.approx(sum(accuracy) / 2) == summary["final_accuracy"]
+    assert [item.path for item in client.list_artifacts(run.info.run_id, "figures")] == ["figures/accuracy.png"]
+    assert any(key.startswith("system/cpu_utilization") for key in run.data.metrics), sorted(run.data.metrics)
+    assert run.data.tags["prefect_flow_run_id"] == summary["prefect_flow_run_id"]
+    assert run.data.tags["prefect_flow_run"].endswith(summary["prefect_flow_run_id"])
+
+    flow_run, artifacts = prefect_views(summary["prefect_flow_run_id"])
+    commit = git_commit(REPO_ROOT)
+    assert {f"commit:{commit}", "method:fedcme", "seed:0", "grid:paper"} <= set(flow_run.tags)
+    assert flow_run.flow_version == commit
+    # Prefect stores a link artifact as the markdown of its link: the run's page in MLflow's UI.
+    url = mlflow_run_url(uri, experiment.experiment_id, run.info.run_id)
+    assert url.endswith(f"/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}")
+    assert artifacts["mlflow-run"].data == f"[MLflow run {run.info.run_id}]({url})"
+    assert artifacts["training-summary"].type == "markdown"
+    assert f"{summary['final_accuracy']:.4f}" in artifacts["training-summary"].data
+
+
+def test_without_system_metrics_and_with_a_registered_model(tmp_path, prefect_server):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = {"tracking.system_metrics": False, "tracking.register_model": "fedcme-smoke-model",
+                 "federation.rounds": 1}
+    summary = run_training(SMOKE, "plain", overrides=overrides, runs_dir=str(tmp_path / "runs"), tracking_uri=uri)
+    client = MlflowClient(tracking_uri=uri)
+
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.run_name.startswith("FedCME(0.01) s0 · ") and run.data.tags["grid"] == "none"
+    assert not [key for key in run.data.metrics if key.startswith("system/")]
+    (version,) = client.search_model_versions("name = 'fedcme-smoke-model'")
+    assert str(version.version) == summary["registered_model_version"] == "1" and version.run_id == run.info.run_id
+    assert version.tags["method"] == "fedcme" and version.tags["seed"] == "0"
+    assert float(version.tags["final_accuracy"]) == pytest.approx(run.data.metrics["final_accuracy"])
+
+
+@pytest.mark.parametrize("algorithm, label", [({"name": "fedcme", "mu": 0.01}, "FedCME(0.01)"),
+                                              ({"name": "fedprox", "mu": 0.001}, "FedProx(0.001)"),
+                                              ({"name": "fedrs", "alpha": 0.5}, "FedRS(0.5)"),
+                                              ({"name": "fedavg"}, "FedAvg")])
+def test_a_plain_run_is_named_by_its_method_label_and_seed(algorithm, label):
+    config = config_from_dict({"seed": 2, "partition": {"alpha": 1.0},
+                               "federation": {"num_clients": 10, "clients_per_round": 10}, "algorithm": algorithm})
+    assert method_label(config) == label
+    assert run_name(config) == f"{label} s2 · fmnist α=1.0 K10 M10"
+    assert mlflow_experiment_for(config) == "fedcme" and mlflow_experiment_for(config, scheduled=True) == "fedcme-scheduled"
+
+
+def test_a_bad_tracking_section_is_one_line():
+    with pytest.raises(ConfigError) as raised:
+        config_from_dict({"tracking": {"system_metrics": "sometimes"}})
+    assert str(raised.value).splitlines() == ["config: tracking.system_metrics: Input should be a valid boolean, "
+                                              "unable to interpret input"]
+
+
+def test_a_bad_register_model_name_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    from flows.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    status = main(["train", "--config", SMOKE, "--experiment", "named", "--register-model", "/etc/model"])
+
+    error = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(error) == 1, error
+    assert error[0].startswith("fedcme: error: ") and "tracking.register_model" in error[0], error
+    assert list(tmp_path.iterdir()) == []
