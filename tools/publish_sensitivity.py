@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedcme_core.checkpoints import atomic_write_bytes  # noqa: E402
+from fedcme_core.config import flatten  # noqa: E402
 from fedcme_core.params import ParamsFile, load_params, setting_label  # noqa: E402
 from fedcme_core.params_factors import other_grid_file  # noqa: E402
 from flows import report_sensitivity as rs  # noqa: E402
@@ -33,17 +34,6 @@ from flows.report_inputs import load_metrics  # noqa: E402
 from flows.report_sensitivity_figure import factor_panels_png  # noqa: E402
 
 IGNORED_CHANGES = ("seed",)
-
-
-def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def config_changes(reference: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
