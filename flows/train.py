@@ -76,7 +76,8 @@ def run_tags(config: ExperimentConfig, experiment: str, prefect_flow_run_id: str
             "mlflow.source.git.commit": commit, **identity_tags(config, experiment, label, grid)}
     if prefect_flow_run_id is not None:
         tags["prefect_flow_run_id"] = prefect_flow_run_id
-        tags["prefect_flow_run"] = prefect_flow_run_url(prefect_flow_run_id) or prefect_flow_run_id
+        tags["prefect_flow_run"] = (prefect_flow_run_url(prefect_flow_run_id, temporary=uses_temporary_server())
+                                    or prefect_flow_run_id)
     return tags
 
 

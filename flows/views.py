@@ -17,6 +17,7 @@ from typing import Any
 from fedcme_core.metrics import summarize
 
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"  # where README's `mlflow ui ... --host 127.0.0.1` serves a sqlite store
+PREFECT_UI_DEFAULT = "http://127.0.0.1:4200"  # where README's `prefect server start --host 127.0.0.1` serves PREFECT_HOME
 
 
 def run_figures(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -53,8 +54,15 @@ def mlflow_run_url(uri: str, experiment_id: str, run_id: str) -> str:
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
-def prefect_flow_run_url(flow_run_id: str) -> str | None:
-    """The flow run's page in Prefect's UI, where its URL is known (PREFECT_UI_URL or the API's)."""
+def prefect_flow_run_url(flow_run_id: str, temporary: bool = False) -> str | None:
+    """The flow run's page in Prefect's UI, where its URL is known (PREFECT_UI_URL or the API's).
+
+    A temporary server's address dies with its command, but its records stay in
+    $PREFECT_HOME/prefect.db, which README's `prefect server start --host 127.0.0.1` serves:
+    there ($FEDCME_PREFECT_UI_URL, else PREFECT_UI_DEFAULT) the link leads."""
+    if temporary:
+        base = os.environ.get("FEDCME_PREFECT_UI_URL", PREFECT_UI_DEFAULT)
+        return f"{base.rstrip('/')}/runs/flow-run/{flow_run_id}"
     from prefect.utilities.urls import url_for
 
     try:

@@ -10,7 +10,7 @@ from fedcme_core.config import ConfigError, config_from_dict
 from flows.names import method_label, mlflow_experiment_for, run_name
 from flows.tracking import git_commit
 from flows.train import run_training
-from flows.views import mlflow_run_url
+from flows.views import mlflow_run_url, prefect_flow_run_url
 
 from .conftest import REPO_ROOT
 
@@ -109,3 +109,11 @@ def test_a_bad_register_model_name_is_one_line_and_writes_nothing(tmp_path, caps
     assert status == 2 and len(error) == 1, error
     assert error[0].startswith("fedcme: error: ") and "tracking.register_model" in error[0], error
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_temporary_servers_flow_run_links_to_the_ui_that_serves_its_records(monkeypatch):
+    # The temporary server's port dies with its command; `prefect server start` serves PREFECT_HOME at 4200.
+    monkeypatch.delenv("FEDCME_PREFECT_UI_URL", raising=False)
+    assert prefect_flow_run_url("abc", temporary=True) == "http://127.0.0.1:4200/runs/flow-run/abc"
+    monkeypatch.setenv("FEDCME_PREFECT_UI_URL", "http://lab:4300/")
+    assert prefect_flow_run_url("abc", temporary=True) == "http://lab:4300/runs/flow-run/abc"
