@@ -12,7 +12,7 @@ from torch import nn
 from fedcme_core.config import TrainingConfig
 from fedcme_core.models import SplitModel, build_model
 from fedcme_core.seeding import torch_generator
-from fedcme_core.training import ClientHooks, LocalRun, start_local_run, train_epochs
+from fedcme_core.training import ClientHooks, LocalRun, save_local_run, start_local_run, train_epochs
 
 TRAINING = TrainingConfig(local_epochs=4, batch_size=16)
 
@@ -36,6 +36,16 @@ def train(run: LocalRun, data, hooks: ClientHooks | None = None, epochs: int = 2
     inputs, labels = data
     train_epochs(run, inputs, labels, hooks or ClientHooks(), epochs, TRAINING.batch_size)
     return run
+
+
+def phase_one_checkpoints(folder: Path, clients: int = 2, epochs: int = 1) -> tuple[dict, dict]:
+    """(client -> its swap checkpoint after `epochs` local epochs from its own seed, client -> where
+    its exchanged checkpoint goes): the inputs of `exchange_checkpoints`."""
+    data = tiny_client_data()
+    swap = {client: folder / f"c{client}-swap.pt" for client in range(clients)}
+    for client, path in swap.items():
+        save_local_run(train(fresh_run(seed=client), data, epochs=epochs), path)
+    return swap, {client: folder / f"c{client}-x.pt" for client in range(clients)}
 
 
 def same_state(first: SplitModel, second: SplitModel) -> bool:

@@ -8,9 +8,8 @@ import torch
 from fedcme_core.checkpoints import load_checkpoint
 from fedcme_core.exchange import exchange_checkpoints, exchanged_keys, swap_parts
 from fedcme_core.models import build_model
-from fedcme_core.training import save_local_run
 
-from .helpers import fresh_run, tiny_client_data, train
+from .helpers import phase_one_checkpoints
 
 
 def two_states():
@@ -48,11 +47,7 @@ def test_parts_partition_the_state():
 
 
 def test_checkpoint_exchange_resets_momentum_of_received_parameters_only(tmp_path):
-    data = tiny_client_data()
-    swap = {0: tmp_path / "c0-swap.pt", 1: tmp_path / "c1-swap.pt"}
-    save_local_run(train(fresh_run(seed=0), data, epochs=1), swap[0])
-    save_local_run(train(fresh_run(seed=1), data, epochs=1), swap[1])
-    destinations = {0: tmp_path / "c0-x.pt", 1: tmp_path / "c1-x.pt"}
+    swap, destinations = phase_one_checkpoints(tmp_path)
 
     exchange_checkpoints(swap, {0: 1, 1: 0}, "classifier", destinations)
 
@@ -67,10 +62,7 @@ def test_checkpoint_exchange_resets_momentum_of_received_parameters_only(tmp_pat
 
 
 def test_many_to_one_exchange_reads_every_donor_before_writing(tmp_path):
-    data = tiny_client_data()
-    swap = {client: tmp_path / f"c{client}.pt" for client in range(3)}
-    for client, path in swap.items():
-        save_local_run(train(fresh_run(seed=client), data, epochs=0), path)
+    swap, _ = phase_one_checkpoints(tmp_path, clients=3, epochs=0)
     before = {client: load_checkpoint(path)["model"] for client, path in swap.items()}
     # Client 0 serves 1 and 2; 1 serves 0; 2 serves none.
     donors = {0: 1, 1: 0, 2: 0}

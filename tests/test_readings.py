@@ -16,9 +16,9 @@ from fedcme_core.models import build_model, classifier_keys, parameter_split
 from fedcme_core.partition import PartitionError, class_counts, client_label_sets, labels_per_client_partition
 from fedcme_core.rounds import final_model, load_server_state, run_experiment, run_partition
 from fedcme_core.seeding import numpy_rng
-from fedcme_core.training import save_local_run, start_local_run
+from fedcme_core.training import start_local_run
 
-from .helpers import TRAINING, fresh_run, tiny_client_data, train
+from .helpers import TRAINING, phase_one_checkpoints, tiny_client_data, train
 
 
 # ------------------------------------------------------------------ align_loss: sample
@@ -115,11 +115,7 @@ def test_received_momentum_reset_or_swapped_by_hand():
 
 
 def test_checkpoint_exchange_with_swap_receives_the_partners_momentum(tmp_path):
-    data = tiny_client_data()
-    swap = {0: tmp_path / "c0-swap.pt", 1: tmp_path / "c1-swap.pt"}
-    save_local_run(train(fresh_run(seed=0), data, epochs=1), swap[0])
-    save_local_run(train(fresh_run(seed=1), data, epochs=1), swap[1])
-    destinations = {0: tmp_path / "c0-x.pt", 1: tmp_path / "c1-x.pt"}
+    swap, destinations = phase_one_checkpoints(tmp_path)
 
     exchange_checkpoints(swap, {0: 1, 1: 0}, "classifier", destinations, optimizer="swap")
 
