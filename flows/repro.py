@@ -21,9 +21,9 @@ experiment), the same in a terminal and in CI logs. The stages' own lines are un
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
-import json
 import subprocess
 import sys
 import threading
