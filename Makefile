@@ -22,7 +22,7 @@ export DVC_NO_ANALYTICS := 1
 EXPERIMENT ?= default
 CONFIG ?= params.yaml
 
-.PHONY: install run train test compare clean
+.PHONY: install run train test test-quick compare clean
 
 install: $(STAMP)
 
@@ -35,7 +35,7 @@ $(STAMP): requirements.txt pyproject.toml
 
 run: install
 	test -d .dvc || $(VENV)/bin/dvc init --quiet
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m flows.repro
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m flows.pipeline.repro
 	@echo "Report:       reports/results.md and reports/figures/accuracy.png"
 	@echo "Compare runs: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1  (http://127.0.0.1:5000)"
 	@echo "Prefect UI:   $(VENV)/bin/prefect server start --host 127.0.0.1  (http://127.0.0.1:4200; see README)"
@@ -43,15 +43,21 @@ run: install
 train: install
 	$(VENV)/bin/fedcme train --config $(CONFIG) --experiment $(EXPERIMENT)
 
+# Everything (what CI runs). Quick tier: the pure functions and the round loop on synthetic data,
+# in about a minute and a half; the tests marked slow (real Prefect and Dask servers, subprocess
+# commands, killed processes, `dvc repro`, the real datasets) are left out.
 test: install
 	$(PY) -m pytest
+
+test-quick: install
+	$(PY) -m pytest -m "not slow"
 
 # The grid's experiments (git commits, `dvc exp run`s) side by side in a terminal: one column per
 # method (reports/summary/<method>.json: mean final accuracy, shown in %) and only the params that
 # differ; a commit without results (reports/ is not committed) is left out with one line saying so
-# (flows/report_dvc.py runs `dvc exp show --csv` and prints the table).
+# (flows/report/compare.py runs `dvc exp show --csv` and prints the table).
 compare:
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m flows.report_dvc compare
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m flows.report.compare compare
 
 # Benchmarks (bench/, figures in BENCHMARKS.md): JSON lines appended to bench/results.jsonl.
 .PHONY: bench bench-quick

@@ -1,7 +1,7 @@
 """What `data.augment: crop_flip` costs per sample, against the training step it precedes.
 
 One torch thread, cifar_cnn, batch 64 of random CIFAR-shaped images: the batched crop_flip
-(fedcme_core.augment) of a batch, and one training step of the one local loop on that batch
+(fedcme_core.data.augment) of a batch, and one training step of the one local loop on that batch
 (SGD with momentum), interleaved `--repeats` times over `--steps` batches each, in both memory
 layouts. Reported: microseconds per sample of each, and the augmentation's share of an
 augmented step. Quick mode (checks the script works): 3 batches, 1 repeat.
@@ -14,11 +14,11 @@ from __future__ import annotations
 import common
 import torch
 
-from fedcme_core.augment import crop_flip
-from fedcme_core.compute import Compute
-from fedcme_core.config import TrainingConfig
-from fedcme_core.models import build_model
-from fedcme_core.training import ClientHooks, start_local_run, train_epochs
+from fedcme_core.data.augment import crop_flip
+from fedcme_core.client.compute import Compute
+from fedcme_core.config.schema import TrainingConfig
+from fedcme_core.client.models import build_model
+from fedcme_core.client.training import ClientHooks, start_local_run, train_epochs
 
 BATCH = 64
 

@@ -13,7 +13,7 @@ of the last 5 rounds. bf16 may be a default only if
 
     mean over settings of |d| <= 0.5 points   and   |d| <= the fp32 seed-to-seed std in every setting.
 
-It needs native bf16 (CUDA, or a CPU with AVX512-BF16 or AMX: ``fedcme_core.compute.native_bf16``).
+It needs native bf16 (CUDA, or a CPU with AVX512-BF16 or AMX: ``fedcme_core.client.compute.native_bf16``).
 Elsewhere it says so in one line and exits with status 2: emulated bf16 computes the same numbers
 at 0.13-0.16x of fp32's speed (BENCHMARKS "bf16 autocast on a CPU without native bf16"), and
 ``--allow-emulated`` runs it anyway. Quick mode (checks the script, on any CPU): synthetic data of
@@ -66,7 +66,7 @@ def train(run: Run, values: dict, workers: int) -> dict:
     """One run; its per-round test accuracy, final accuracy (mean of the last rounds) and wall time."""
     from gpu import ThreadPoolRounds
 
-    from fedcme_core.config import config_from_dict
+    from fedcme_core.config.schema import config_from_dict
     from fedcme_core.rounds import run_experiment
 
     config = config_from_dict(values, "bench/bf16_accuracy.py")
@@ -161,7 +161,7 @@ def main() -> int:
     common.quiet_environment()
     import torch
 
-    from fedcme_core.compute import native_bf16
+    from fedcme_core.client.compute import native_bf16
 
     device = arguments.device if arguments.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():

@@ -1,5 +1,5 @@
 """Evaluation throughput: test-set evaluation of 10,000 Fashion-MNIST-shaped images with
-``fedcme_core.evaluation.evaluate`` against a bare ``torch.no_grad()`` loop.
+``fedcme_core.client.evaluation.evaluate`` against a bare ``torch.no_grad()`` loop.
 
 Both evaluate `fmnist_cnn` on the same tensors (the real Fashion-MNIST test set when the data
 mirror is there, else random images of its shape) in batches of the same size, and compute
@@ -28,11 +28,11 @@ import common
 import torch
 import torch.nn.functional as F
 
-from fedcme_core.compute import Compute
-from fedcme_core.architectures import MODEL_INFERENCE_BATCH
-from fedcme_core.evaluation import evaluate
-from fedcme_core.features import local_statistics
-from fedcme_core.models import build_model
+from fedcme_core.client.compute import Compute
+from fedcme_core.client.architectures import MODEL_INFERENCE_BATCH
+from fedcme_core.client.evaluation import evaluate
+from fedcme_core.client.features import local_statistics
+from fedcme_core.client.models import build_model
 
 SWEEP_BATCHES = (64, 128, 256, 512, 1024)
 PAYS = 0.95  # a larger batch pays while it keeps 95% of the layout's best throughput
@@ -57,7 +57,7 @@ def real_dataset(dataset_name: str):
     """The real dataset from the mirror, loaded once for its test and training images (None without a mirror)."""
     if common.data_mirror() is None:
         return None
-    from fedcme_core.data import load_dataset
+    from fedcme_core.data.datasets import load_dataset
 
     return load_dataset(dataset_name, data_dir=common.DATA_CACHE, mirror=common.data_mirror())
 

@@ -94,7 +94,7 @@ def config_values(quick: bool, device: str, precision: str) -> dict:
 
 
 def measure(values: dict, workers: int) -> dict:
-    from fedcme_core.config import config_from_dict
+    from fedcme_core.config.schema import config_from_dict
     from fedcme_core.rounds import run_experiment
 
     config = config_from_dict(values, "bench/gpu.py")

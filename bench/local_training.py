@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from fedcme_core.algorithms.fedcme import AlignmentHooks, FedCMEConfig
-from fedcme_core.config import TrainingConfig
-from fedcme_core.features import GlobalFeatures
-from fedcme_core.models import MODEL_INPUT_SHAPES, build_model
-from fedcme_core.seeding import torch_generator
-from fedcme_core.training import ClientHooks, start_local_run, train_epochs
+from fedcme_core.config.schema import TrainingConfig
+from fedcme_core.client.features import GlobalFeatures
+from fedcme_core.client.models import MODEL_INPUT_SHAPES, build_model
+from fedcme_core.common.seeding import torch_generator
+from fedcme_core.client.training import ClientHooks, start_local_run, train_epochs
 
 # Samples per timed epoch (full mode): about one second of training each on one thread.
 DEFAULT_SAMPLES = {"fmnist_cnn": 1536, "cifar_cnn": 4096}

@@ -81,7 +81,8 @@ def child(spec: dict) -> None:
     """One run of the variant `spec`, in this (fresh or forked) process; prints a JSON summary
     line and writes it to `summary.json` in the scratch folder."""
     import torch
-    import yaml
+
+    from fedcme_core.config.schema import config_from_dict
 
     torch.set_num_threads(1)
     scratch = Path(spec["scratch"])
@@ -90,15 +91,12 @@ def child(spec: dict) -> None:
     if spec["via"] == "flow":
         os.environ["PREFECT_HOME"] = str(scratch / "prefect-home")
         os.environ.pop("PREFECT_API_URL", None)
-        config_file = scratch / "config.yaml"
-        config_file.write_text(yaml.safe_dump(values), encoding="utf-8")
         from flows.train import run_training
 
-        summary = run_training(str(config_file), "memory", runs_dir=str(scratch / "runs"),
+        summary = run_training(config_from_dict(values), "memory", runs_dir=str(scratch / "runs"),
                                tracking_uri=f"sqlite:///{scratch / 'mlflow.db'}")
         rounds = summary["rounds"]
     else:
-        from fedcme_core.config import config_from_dict
         from fedcme_core.rounds import run_experiment
 
         executor = DaskExecutor(values["runner"]["workers"], processes=spec.get("processes", True))
@@ -122,10 +120,9 @@ def preload() -> None:
     """Quick mode: import what a child imports once, here, so that each forked child skips it."""
     import distributed  # noqa: F401
     import torch._dynamo  # noqa: F401  (imported lazily by the first optimizer)
-    import yaml  # noqa: F401
 
     import fedcme_core.rounds  # noqa: F401
-    from fedcme_core.config import config_from_dict  # noqa: F401
+    from fedcme_core.config.schema import config_from_dict  # noqa: F401
 
 
 class ForkedChild:

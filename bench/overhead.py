@@ -46,10 +46,10 @@ os.environ.pop("PREFECT_API_URL", None)  # always a temporary server of our own
 common.quiet_environment()
 
 import torch
-import yaml
 
 from fedcme_core import rounds
-from fedcme_core.config import load_config
+from fedcme_core.config.files import apply_overrides
+from fedcme_core.config.schema import config_from_dict
 from fedcme_core.rounds import (
     SerialExecutor,
     completed_rounds,
@@ -112,9 +112,7 @@ def main() -> None:
         )
         rounds, repeats = arguments.rounds or 3, arguments.repeats or 2
     values["federation"]["rounds"] = rounds
-    config_file = SCRATCH / "config.yaml"
-    config_file.write_text(yaml.safe_dump(values), encoding="utf-8")
-    config = load_config(config_file)
+    config = config_from_dict(values)
     torch.set_num_threads(1)
     from flows.train import run_training  # imports prefect (after PREFECT_HOME is set)
 
@@ -129,7 +127,8 @@ def main() -> None:
             variants = {
                 **{
                     flow_name: lambda name, overrides=overrides: run_training(
-                        str(config_file), name, runs_dir=str(runs_dir), tracking_uri=tracking_uri, overrides=overrides
+                        config_from_dict(apply_overrides(values, overrides)), name, runs_dir=str(runs_dir),
+                        tracking_uri=tracking_uri,
                     )
                     for flow_name, overrides in flows.items()
                 },

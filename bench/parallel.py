@@ -46,9 +46,9 @@ common.quiet_environment()
 import torch
 
 from fedcme_core import rounds
-from fedcme_core.config import config_from_dict
-from fedcme_core.models import build_model
-from fedcme_core.partition_file import load_partition
+from fedcme_core.config.schema import config_from_dict
+from fedcme_core.client.models import build_model
+from fedcme_core.data.partition_file import load_partition
 from local_training import bare_loop
 
 LAYOUTS = ("threads", "processes", "dask", "bare")

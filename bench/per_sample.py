@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
-from fedcme_core.compute import native_bf16
-from fedcme_core.config import TrainingConfig
-from fedcme_core.models import MODEL_INPUT_SHAPES, build_model
+from fedcme_core.client.compute import native_bf16
+from fedcme_core.config.schema import TrainingConfig
+from fedcme_core.client.models import MODEL_INPUT_SHAPES, build_model
 
 CONFIG = TrainingConfig()  # lr 0.01, momentum 0.9, weight decay 1e-5
 

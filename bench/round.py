@@ -8,7 +8,7 @@ M=10, E=2, alpha 0.1, batch 64, 5 rounds; every variant of a workload trains the
 * ``defaults``: ``fedcme train`` with the config's defaults (``training.channels_last: auto``,
   ``training.precision: auto``; the run's calibration chooses both);
 * ``old``:      ``fedcme train`` with ``channels_last: false, precision: fp32`` (the defaults
-  before fedcme_core/compute.py);
+  before fedcme_core/client/compute.py);
 * ``bare``:     one process, 2 torch threads, no orchestration or tracking: per round, each
   selected client trains E epochs from the global model (SGD as the config says), then a
   weighted average and a test-set pass at batch 128. It uses our model builder, partition and
@@ -135,10 +135,10 @@ def bare_child(path: str) -> None:
     import torch
     import torch.nn.functional as F
 
-    from fedcme_core.aggregation import select_clients
-    from fedcme_core.config import config_from_dict
+    from fedcme_core.server.aggregation import select_clients
+    from fedcme_core.config.schema import config_from_dict
     from fedcme_core.rounds import load_experiment_dataset, make_partition
-    from fedcme_core.models import build_model
+    from fedcme_core.client.models import build_model
 
     torch.set_num_threads(2)
     config = config_from_dict(json.loads(Path(path).read_text()))
@@ -194,7 +194,7 @@ def summarise(runs: list[dict], samples_per_round: float) -> dict:
 
 def samples_per_round(values: dict) -> float:
     """Local-training samples of one round on average: E x the selected clients' data, K clients sharing N."""
-    from fedcme_core.config import config_from_dict
+    from fedcme_core.config.schema import config_from_dict
     from fedcme_core.rounds import load_experiment_dataset
 
     config = config_from_dict(values)

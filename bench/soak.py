@@ -35,6 +35,7 @@ def main() -> None:
     common.quiet_environment()
     from prefect.testing.utilities import prefect_test_harness
 
+    from fedcme_core.config import load_config
     from fedcme_core.rounds import completed_rounds
     from flows.train import run_training
 
@@ -58,7 +59,7 @@ def main() -> None:
     with prefect_test_harness(server_startup_timeout=180):
         sampler.start()
         try:
-            run_training(str(common.REPO_ROOT / "configs" / "smoke.yaml"), "soak", overrides=overrides,
+            run_training(load_config(common.REPO_ROOT / "configs" / "smoke.yaml", overrides=overrides), "soak",
                          runs_dir=str(scratch / "runs"), tracking_uri=f"sqlite:///{scratch / 'mlflow.db'}")
         finally:
             done.set()

@@ -27,9 +27,9 @@ os.environ.pop("PREFECT_API_URL", None)  # always a temporary server of our own
 common.quiet_environment()
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
-from fedcme_core.config import load_config  # noqa: E402
+from fedcme_core.config.files import apply_overrides  # noqa: E402
+from fedcme_core.config.schema import config_from_dict  # noqa: E402
 from fedcme_core.rounds import completed_rounds, load_server_state  # noqa: E402
 
 VARIANTS = {
@@ -51,9 +51,7 @@ def main() -> None:
         clients=8, per_round=4, epochs=2, alpha=0.5, runner=runner,
     )
     values["federation"]["rounds"] = rounds
-    config_file = SCRATCH / "config.yaml"
-    config_file.write_text(yaml.safe_dump(values), encoding="utf-8")
-    config = load_config(config_file)
+    config = config_from_dict(values)
     torch.set_num_threads(1)
     from mlflow.tracking import MlflowClient
 
@@ -62,8 +60,8 @@ def main() -> None:
     runs_dir, uri = SCRATCH / "runs", f"sqlite:///{SCRATCH / 'mlflow.db'}"
 
     def run(name: str, overrides: dict, rounds_here: int = rounds) -> dict:
-        return run_training(str(config_file), name, runs_dir=str(runs_dir), tracking_uri=uri,
-                            overrides={**overrides, "federation.rounds": rounds_here})
+        run_config = config_from_dict(apply_overrides(values, {**overrides, "federation.rounds": rounds_here}))
+        return run_training(run_config, name, runs_dir=str(runs_dir), tracking_uri=uri)
 
     run("warm-up", VARIANTS["off"], 1)  # imports, the temporary server, the compute calibration: untimed
     round_seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from .command import quiet_environment, report_errors, show_warning
+from flows.command import quiet_environment, report_errors, show_warning
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -43,7 +43,7 @@ def simulate(arguments: argparse.Namespace) -> int:
     from fedcme_core.rounds import experiment_run_dir, load_experiment_dataset
     from fedcme_core.rounds.lock import hold_run
 
-    from .command import check_device
+    from flows.command import check_device
 
     config = load_config(arguments.config, overrides=dict(arguments.overrides))
     run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
@@ -55,7 +55,7 @@ def simulate(arguments: argparse.Namespace) -> int:
 
 def simulate_held(arguments: argparse.Namespace, config, run_dir) -> int:
     """`simulate` past its checks, its run directory held: the rounds, each as a line, and a JSON summary."""
-    from fedcme_core.records import round_line
+    from fedcme_core.results.records import round_line
     from fedcme_core.rounds import completed_rounds, run_experiment
 
     first_round = completed_rounds(run_dir) if run_dir.exists() else 0
@@ -69,7 +69,7 @@ def simulate_held(arguments: argparse.Namespace, config, run_dir) -> int:
         config, run_dir, on_round=lambda record: print(
             round_line(record, total, time.perf_counter() - started, record["round"] + 1 - first_round), flush=True)
     )
-    from fedcme_core.metrics import summarize
+    from fedcme_core.results.metrics import summarize
 
     figures = summarize(history) if history else {}
     summary = {
@@ -87,7 +87,7 @@ def simulate_held(arguments: argparse.Namespace, config, run_dir) -> int:
 def train(arguments: argparse.Namespace) -> int:
     from fedcme_core.config import load_config
 
-    from .prefect_server import run_against_prefect
+    from flows.prefect_server import run_against_prefect
 
     # The config (a whole params file, grid included) is validated first (0.3 s, no torch), so a
     # typo starts nothing. With no Prefect API configured, Prefect's temporary server starts next
@@ -100,7 +100,7 @@ def train(arguments: argparse.Namespace) -> int:
     def action(ready: Callable[[], None]) -> dict[str, Any]:
         from fedcme_core.rounds import check_experiment_name
 
-        from .train import run_training
+        from flows.train import run_training
 
         check_experiment_name(arguments.experiment)
         return run_training(
@@ -119,7 +119,7 @@ def train(arguments: argparse.Namespace) -> int:
 
 
 def serve(arguments: argparse.Namespace) -> int:
-    from .deploy import serve_training
+    from flows.deploy import serve_training
 
     serve_training(
         arguments.config,
@@ -140,7 +140,7 @@ def sync(arguments: argparse.Namespace) -> int:
     from fedcme_core.rounds import experiment_run_dir
     from fedcme_core.rounds.lock import hold_run
 
-    from .sync import sync_run
+    from flows.sync import sync_run
 
     run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
     with hold_run(run_dir) if run_dir.is_dir() else contextlib.nullcontext():  # none: sync_run says what is wrong
@@ -152,9 +152,9 @@ def sync(arguments: argparse.Namespace) -> int:
 def check(arguments: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from fedcme_core.params import load_params
+    from fedcme_core.config.params import load_params
 
-    from .dvc_params import check_dvc_params
+    from flows.pipeline.dvc_params import check_dvc_params
 
     for path in arguments.params:
         params = load_params(path)
@@ -238,7 +238,7 @@ def run_command(arguments: argparse.Namespace) -> int:
 
 def entry() -> None:
     """The `fedcme` console script: `main`, then a prompt exit (flows.command.exit_promptly)."""
-    from .command import exit_promptly
+    from flows.command import exit_promptly
 
     exit_promptly(main())
 

@@ -1,4 +1,4 @@
-"""What every command of the project shares (``fedcme``, the DVC stages, ``flows.repro``, the
+"""What every command of the project shares (``fedcme``, the DVC stages, ``flows.pipeline.repro``, the
 benchmarks): quiet, offline-safe library settings, bad input reported as one line, and a
 prompt exit once the work is done.
 """
@@ -31,14 +31,14 @@ def quiet_environment() -> None:
 
 def known_errors() -> tuple[type[Exception], ...]:
     """Bad input and unusable services: reported as one line, without a traceback."""
-    from fedcme_core.checkpoints import CheckpointError
-    from fedcme_core.config import ConfigError
-    from fedcme_core.data import DataError
-    from fedcme_core.faults import RoundError
+    from fedcme_core.common.checkpoints import CheckpointError
+    from fedcme_core.config.schema import ConfigError
+    from fedcme_core.data.datasets import DataError
+    from fedcme_core.server.faults import RoundError
     from fedcme_core.rounds import RunError
-    from fedcme_core.partition import PartitionError
+    from fedcme_core.data.partition import PartitionError
 
-    from .errors import OrchestratorError, TrackingError
+    from flows.errors import OrchestratorError, TrackingError
 
     return (ConfigError, DataError, PartitionError, CheckpointError, RunError, RoundError, TrackingError,
             OrchestratorError)
@@ -46,8 +46,8 @@ def known_errors() -> tuple[type[Exception], ...]:
 
 def check_device(setting: str) -> None:
     """A config's `device` this machine has, else a ConfigError (one line; `cuda` without a GPU)."""
-    from fedcme_core.config import ConfigError
-    from fedcme_core.models import resolve_device
+    from fedcme_core.config.schema import ConfigError
+    from fedcme_core.client.models import resolve_device
 
     try:
         resolve_device(setting)

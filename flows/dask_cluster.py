@@ -24,7 +24,7 @@ from typing import Any
 import dask
 from distributed import LocalCluster
 
-from .errors import OrchestratorError
+from flows.errors import OrchestratorError
 
 PACKAGES = ("fedcme_core", "flows")
 
@@ -57,7 +57,7 @@ def worker_problem(marker: str, config_values: dict[str, Any], digest: str) -> s
     if not Path(marker).is_file():
         return (f"cannot see {Path(marker).parent}: the runs directory must be on storage every worker sees, "
                 "at the same path")
-    from fedcme_core.config import config_from_dict
+    from fedcme_core.config.schema import config_from_dict
     from fedcme_core.rounds import load_experiment_dataset
 
     config = config_from_dict(config_values)

@@ -7,9 +7,10 @@ Runs appear, and can be triggered by hand, in the UI at http://127.0.0.1:4200.
 
 A scheduled deployment trains anew on every run: each run is an experiment of its own, named by
 its scheduled start (`nightly-20261202-020000`, UTC), with its own run directory and MLflow run,
-from the config file as it is when the run starts. A deployment without a schedule trains (or
-resumes, or extends) the one experiment it names. Scheduled runs go to the MLflow experiment
-`fedcme-scheduled` (flows.names.mlflow_experiment_for), apart from the grids' `fedcme`; a config's
+from the config as validated when the deployment was built (serve again to take up an edited
+file). A deployment without a schedule trains (or resumes, or extends) the one experiment it
+names. Scheduled runs go to the MLflow experiment `fedcme-scheduled`
+(flows.names.mlflow_experiment_for), apart from the grids' `fedcme`; a config's
 `tracking.mlflow_experiment` chooses another.
 """
 
@@ -17,10 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedcme_core.config import ConfigError, load_config
+from fedcme_core.config.schema import ConfigError
+from fedcme_core.config import load_config
 
-from .tasks import make_task_runner
-from .train import train_flow
+from flows.tasks import make_task_runner
+from flows.train import train_flow
 
 
 def training_deployment(
@@ -32,7 +34,13 @@ def training_deployment(
     tracking_uri: str | None = None,
     timezone: str | None = None,
 ):
-    """The deployment `fedcme-train/<experiment>` (config validated first; runner from the config)."""
+    """The deployment `fedcme-train/<experiment>` (config validated first; runner from the config).
+
+    The config file is read and validated here, once: the entry point's one parse. A deployment
+    holds no Python object between runs, so its `config` parameter is the validated config's
+    plain values (``model_dump(mode="json")``, what Prefect stores and its UI shows); Prefect's
+    parameter check validates them into the flow's ExperimentConfig once as each run starts
+    (:func:`flows.train.train_flow`). No run reads the file again."""
     config = load_config(config_file, overrides=overrides)
     schedules = [schedule(cron, timezone)] if cron is not None else None
     configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner))
@@ -40,9 +48,8 @@ def training_deployment(
         name=experiment,
         schedules=schedules,
         parameters={
-            "config_file": str(config_file),
+            "config": config.model_dump(mode="json"),
             "experiment": experiment,
-            "overrides": dict(overrides or {}),
             "runs_dir": runs_dir,
             "tracking_uri": tracking_uri,
             "dated": cron is not None,

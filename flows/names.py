@@ -7,7 +7,7 @@ the Prefect flow run's tags, and the MLflow experiment it goes to (no mlflow or 
 
 from __future__ import annotations
 
-from fedcme_core.config import ExperimentConfig
+from fedcme_core.config.schema import ExperimentConfig
 
 DEFAULT_MLFLOW_EXPERIMENT = "fedcme"  # the grids' experiment (and a plain `fedcme train` on real data)
 SMOKE_MLFLOW_EXPERIMENT = "fedcme-smoke"  # runs on synthetic data (configs/smoke.yaml, tests, benches)

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from .errors import OrchestratorError
-from .shared_stores import FirstUse, sqlite_file
+from flows.errors import OrchestratorError
+from flows.shared_stores import FirstUse, sqlite_file
 
 # Prefect's SubprocessASGIServer: the server app without UI and with ephemeral-mode services.
 SERVER_ENVIRONMENT = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}

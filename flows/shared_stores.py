@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
-from fedcme_core.locks import FileLock
+from fedcme_core.common.locks import FileLock
 
 T = TypeVar("T")
 BUSY_ATTEMPTS = 6  # with sqlite's own 5 s wait per attempt and the pauses: about a minute in all

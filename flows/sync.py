@@ -3,34 +3,33 @@ when tracking failed mid-run (the run itself lost nothing: its rounds are commit
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from fedcme_core.config import config_from_dict
 from fedcme_core.rounds import RunError, RunPaths, completed_rounds, final_model, load_experiment_dataset, load_server_state
+from fedcme_core.rounds.store import recorded_config
 
-from .errors import TrackingError
-from .names import mlflow_experiment_for, run_name
-from .tracking import RunTracker
-from .tracking_store import resolve_tracking_uri
-from .train import run_tags
+from flows.errors import TrackingError
+from flows.names import mlflow_experiment_for, run_name
+from flows.tracking import RunTracker
+from flows.tracking_store import resolve_tracking_uri
+from flows.train import run_tags
 
 
 def sync_run(run_dir: str | Path, tracking_uri: str | None = None, mlflow_experiment: str | None = None) -> dict[str, Any]:
     """Log a run directory's committed rounds (under the grouped metric names, flows.tracking) and
     final model into MLflow (those it lacks), then its summary: ``final_accuracy`` and the figure.
     A run already in MLflow is found through the run directory's record; a new one goes to
-    `mlflow_experiment` (None: chosen as for training, flows.names.mlflow_experiment_for)."""
+    `mlflow_experiment` (None: chosen as for training, flows.names.mlflow_experiment_for).
+    The config is the run directory's record, parsed once: this command did not train the run
+    (another process did), so it holds no config object of its own."""
     paths = RunPaths(run_dir)
     if not paths.config.is_file():
         raise RunError(f"{paths.root}: not a run directory (no config.json)")
     rounds = completed_rounds(paths.root)
     if rounds == 0:
         raise RunError(f"{paths.root}: no completed round to log")
-    values = json.loads(paths.config.read_text(encoding="utf-8"))
-    values["federation"]["rounds"] = rounds
-    config = config_from_dict(values, source=str(paths.config))
+    config = recorded_config(paths.root, rounds)
     uri = resolve_tracking_uri(tracking_uri)
     history = load_server_state(paths.root, rounds)["history"]
     tracker = RunTracker.open(

@@ -12,7 +12,7 @@ def uses_temporary_server() -> bool:
     (no PREFECT_API_URL) or the one `fedcme train` started (flows.prefect_server)."""
     from prefect.settings import PREFECT_API_URL
 
-    from .prefect_server import is_temporary
+    from flows.prefect_server import is_temporary
 
     return is_temporary(PREFECT_API_URL.value())
 

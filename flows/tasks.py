@@ -33,8 +33,8 @@ from prefect.cache_policies import NONE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedcme_core import rounds
-from fedcme_core.config import ExperimentConfig, RunnerConfig
-from fedcme_core.faults import StepFailure
+from fedcme_core.config.schema import ExperimentConfig, RunnerConfig
+from fedcme_core.server.faults import StepFailure
 
 TASK_OPTIONS = {"cache_policy": NONE, "persist_result": False}
 
@@ -144,9 +144,10 @@ def exchange_task(config: ExperimentConfig, run_dir: str, round_index: int, dono
 
 @step_task("aggregate")
 def aggregate_task(
-    config: ExperimentConfig, run_dir: str, round_index: int, clients: list[int], lost: dict[int, str]
+    config: ExperimentConfig, run_dir: str, round_index: int, clients: list[int], lost: dict[int, str],
+    matching: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return rounds.aggregate_step(config, run_dir, round_index, clients, lost)
+    return rounds.aggregate_step(config, run_dir, round_index, clients, lost, matching)
 
 
 @step_task("evaluate")
@@ -244,7 +245,7 @@ def make_task_runner(runner: RunnerConfig):
     if runner.kind == "dask":
         from prefect_dask import DaskTaskRunner
 
-        from .dask_cluster import local_cluster
+        from flows.dask_cluster import local_cluster
 
         if runner.dask_address:
             return DaskTaskRunner(address=runner.dask_address)

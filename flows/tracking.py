@@ -1,4 +1,5 @@
-"""MLflow tracking of a training run (with ``flows.tracking_store``, the only modules that import mlflow).
+"""MLflow tracking of a training run (with ``flows.tracking_store`` and ``flows.tracking_grid``, a grid's
+parent run, the only modules that import mlflow).
 
 One MLflow run per experiment, all in one MLflow experiment (default ``fedcme``) so the UI
 compares them (its id kept in the run directory, so a resumed experiment
@@ -18,7 +19,7 @@ the run directory, and ``fedcme sync`` logs them later.
 
 The views (README, "MLflow"): per-round metrics grouped by prefix (``eval/test_accuracy``,
 ``train/loss``, ``time/...``, ``clients/...``: :meth:`RoundRecord.mlflow_metrics`), at the run's end
-the summary metrics ``final_accuracy`` (mean of the last 5 rounds, ``fedcme_core.metrics.summarize``)
+the summary metrics ``final_accuracy`` (mean of the last 5 rounds, ``fedcme_core.results.metrics.summarize``)
 and ``best_accuracy`` at the last round's step (so an extended run's value moves on), the accuracy
 curve ``figures/accuracy.png``, MLflow's system metrics (``system/...``, on unless
 ``tracking.system_metrics: false``) and, on request, a registry version of the final model.
@@ -42,12 +43,12 @@ import torch
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
-from fedcme_core.checkpoints import atomic_write_bytes
-from fedcme_core.records import RoundRecord
+from fedcme_core.common.checkpoints import atomic_write_bytes
+from fedcme_core.results.records import RoundRecord, algorithm_section
 
-from .errors import TrackingError
-from .shared_stores import is_busy, retry_busy
-from .tracking_store import check_reachable, experiment_named, first_line, open_client
+from flows.errors import TrackingError
+from flows.shared_stores import is_busy, retry_busy
+from flows.tracking_store import check_reachable, experiment_named, first_line, open_client
 
 METRIC_NAMES = RoundRecord.mlflow_metrics()  # {record key: MLflow name}
 ROUND_METRICS = tuple(METRIC_NAMES.values())
@@ -185,8 +186,8 @@ class RunTracker:
         round_file = {
             "round": step,
             "selected": record.get("selected", []),
-            "pairs": record.get("pairs", []),
-            "evaluation_vectors": record.get("evaluation_vectors", {}),
+            "pairs": algorithm_section(record).get("pairs", []),
+            "evaluation_vectors": algorithm_section(record).get("evaluation_vectors", {}),
             "failures": record.get("failures", {}),
         }
 
@@ -255,7 +256,7 @@ class RunTracker:
     def log_summary(self, history: list[Mapping[str, Any]]) -> dict[str, Any] | None:
         """At the run's end: ``final_accuracy`` and ``best_accuracy`` (fractions) at the last round's
         step, and the accuracy curve ``figures/accuracy.png``; returns the summary's figures."""
-        from .views import accuracy_figure, run_figures
+        from flows.views import accuracy_figure, run_figures
 
         figures = run_figures(history)
         step, timestamp = figures["rounds"], int(time.time() * 1000)

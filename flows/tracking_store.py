@@ -20,8 +20,8 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from .errors import TrackingError
-from .shared_stores import FirstUse, retry_busy, sqlite_file
+from flows.errors import TrackingError
+from flows.shared_stores import FirstUse, retry_busy, sqlite_file
 
 SETUP_TIMEOUT = 120.0  # seconds a command waits for another's creation of a sqlite store's schema
 

@@ -32,7 +32,7 @@ import torch
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from fedcme_core.config import ExperimentConfig, load_config
+from fedcme_core.config.schema import ExperimentConfig
 from fedcme_core.rounds import (
     RunPaths,
     completed_rounds,
@@ -44,16 +44,16 @@ from fedcme_core.rounds import (
     split_line,
 )
 from fedcme_core.rounds.lock import hold_run
-from fedcme_core.partition_file import load_partition
-from fedcme_core.records import round_line
+from fedcme_core.data.partition_file import load_partition
+from fedcme_core.results.records import round_line
 
-from .command import check_device
-from .names import flow_run_tags, identity_tags, method_label, mlflow_experiment_for, run_name
-from .tasks import PrefectExecutor, make_task_runner, worker_layout
-from .tracking import RunTracker, git_commit
-from .tracking_store import check_reachable, resolve_tracking_uri, warm_up
-from .task_records import uses_temporary_server, wait_for_task_run_records
-from .views import label_flow_run, prefect_flow_run_url, publish_artifacts, run_figures
+from flows.command import check_device
+from flows.names import flow_run_tags, identity_tags, method_label, mlflow_experiment_for, run_name
+from flows.tasks import PrefectExecutor, make_task_runner, worker_layout
+from flows.tracking import RunTracker, git_commit
+from flows.tracking_store import check_reachable, resolve_tracking_uri, warm_up
+from flows.task_records import uses_temporary_server, wait_for_task_run_records
+from flows.views import label_flow_run, prefect_flow_run_url, publish_artifacts, run_figures
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 COMMIT = git_commit(PROJECT_DIR)  # the flow's version: a flow run is traced to its code
@@ -66,14 +66,17 @@ def compute_line(choice) -> str:
 
 
 def run_tags(config: ExperimentConfig, experiment: str, prefect_flow_run_id: str | None = None,
-             label: str | None = None, grid: str | None = None) -> dict[str, str]:
+             label: str | None = None, grid: str | None = None, parent_run_id: str | None = None) -> dict[str, str]:
     """The MLflow run's tags: what produced it (MLflow's own source tags, so the UI's "Source" shows
-    it), the dataset and the algorithm, what finds it (flows.names.identity_tags) and its Prefect
-    flow run (``prefect_flow_run``: a link where Prefect's UI URL is known, else the id)."""
+    it), the dataset and the algorithm, what finds it (flows.names.identity_tags), its Prefect
+    flow run (``prefect_flow_run``: a link where Prefect's UI URL is known, else the id) and, in a
+    grid, its grid run's parent (MLflow's ``mlflow.parentRunId``: flows.tracking_grid)."""
     commit = git_commit(PROJECT_DIR)
     tags = {"git_commit": commit, "dataset": config.data.dataset, "algorithm": config.algorithm.name,
             "mlflow.source.type": "JOB", "mlflow.source.name": "fedcme-train (flows/train.py)",
             "mlflow.source.git.commit": commit, **identity_tags(config, experiment, label, grid)}
+    if parent_run_id is not None:
+        tags["mlflow.parentRunId"] = parent_run_id
     if prefect_flow_run_id is not None:
         tags["prefect_flow_run_id"] = prefect_flow_run_id
         tags["prefect_flow_run"] = (prefect_flow_run_url(prefect_flow_run_id, temporary=uses_temporary_server())
@@ -110,32 +113,33 @@ def flow_run_name() -> str:
 
 @flow(name="fedcme-train", flow_run_name=flow_run_name, persist_result=False, version=COMMIT)
 def train_flow(
-    config_file: str | None = None,
-    experiment: str = "",
-    overrides: dict[str, Any] | None = None,
+    config: ExperimentConfig,
+    experiment: str,
     runs_dir: str = "runs",
     tracking_uri: str | None = None,
     partition_file: str | None = None,
     mlflow_experiment: str | None = None,
-    config_section: str | None = None,
-    config: ExperimentConfig | None = None,
     dated: bool = False,
     method_label: str | None = None,
     grid: str | None = None,
+    mlflow_parent_run_id: str | None = None,
 ) -> dict[str, Any]:
     """Train one experiment (resuming it if its run directory holds completed rounds).
 
-    A command passes the `config` it has already validated; a deployment passes `config_file`
-    (and `overrides`), read when its run starts, so a scheduled run sees the file as it is then.
+    `config` is the validated config; the flow reads no config file. Parse once per entry point:
+    a command (``fedcme train``, the DVC train stage) validates its file once and calls the flow
+    with that object, which Prefect's parameter check passes through as it is (a pydantic model is
+    not validated again). A deployment (flows.deploy) cannot hold an object between runs: its
+    parameters hold the config's plain values, validated when it was built, and Prefect's parameter
+    check turns them into an ExperimentConfig once, as each run starts: that run's one parse.
     With `dated` (a scheduled deployment), each run is an experiment of its own, named by its
     scheduled start (:func:`dated_experiment`), so every trigger trains anew. `method_label` and
     `grid` (a DVC grid cell's) name the run (flows.names); `mlflow_experiment` None: chosen by the
-    kind of run (:func:`flows.names.mlflow_experiment_for`: scheduled and smoke runs apart)."""
-    if config is None:
-        config = load_config(config_file, overrides=overrides, section=config_section)
+    kind of run (:func:`flows.names.mlflow_experiment_for`: scheduled and smoke runs apart);
+    `mlflow_parent_run_id` the grid run's parent run (flows.tracking_grid), under which it nests."""
     if dated:
         experiment = dated_experiment(experiment, flow_run.scheduled_start_time)
-    views = {"label": method_label, "grid": grid,
+    views = {"label": method_label, "grid": grid, "parent_run_id": mlflow_parent_run_id,
              "mlflow_experiment": mlflow_experiment_for(config, mlflow_experiment, scheduled=dated)}
     return train(config, experiment, runs_dir, tracking_uri, partition_file, views)
 
@@ -176,7 +180,7 @@ def train_held(
     workers, threads = worker_layout(config.runner)
     torch.set_num_threads(threads)
     uri = resolve_tracking_uri(tracking_uri)
-    tags = run_tags(config, experiment, flow_run_id, label, views["grid"])
+    tags = run_tags(config, experiment, flow_run_id, label, views["grid"], views.get("parent_run_id"))
     tracker = RunTracker.open(uri, views["mlflow_experiment"], run_name(config, label), run_dir,
                               params=config.flat(), tags=tags)
     tracker.set_tags(tags)  # a resumed or extended run: today's flow run and names
@@ -250,28 +254,30 @@ def train_held(
     return summary
 
 
-def run_training(config: ExperimentConfig | str | Path, experiment: str, ready: Callable[[], None] | None = None,
+def run_training(config: ExperimentConfig, experiment: str, ready: Callable[[], None] | None = None,
                  **parameters: Any) -> dict[str, Any]:
     """Run `train_flow` for one experiment on the task runner its `runner` section names.
 
-    `config` is the validated config (what the commands pass: parsed once), or a file read here
-    with `overrides` and `config_section`; nothing is written for a bad one. `ready` (a command's
+    `config` is the validated config, as the entry point parsed it once
+    (:func:`fedcme_core.config.load_config`, or a params file's cell); it is passed down as it is,
+    never written out and read back in this process. `ready` (a command's
     wait for its Prefect server) is called just before the flow starts, after the work that needs
     no Prefect: the checks, the dataset and the MLflow store (:func:`~flows.tracking_store.warm_up`).
     The run directory is held (:func:`fedcme_core.rounds.lock.hold_run`) from after the checks
     until the end: a second command on it stops at once, in one line. `parameters` are
     :func:`train_flow`'s: runs_dir, tracking_uri, partition_file, mlflow_experiment, dated, and the
-    names of a DVC grid cell, `method_label` (``methods.<name>.label``) and `grid` (``report.name``)."""
+    names of a DVC grid cell, `method_label` (``methods.<name>.label``), `grid` (``report.name``) and
+    `mlflow_parent_run_id` (its grid run's parent, flows.tracking_grid)."""
     if not isinstance(config, ExperimentConfig):
-        config = load_config(config, overrides=parameters.pop("overrides", None),
-                             section=parameters.pop("config_section", None))
+        raise TypeError(f"run_training takes a validated ExperimentConfig (fedcme_core.config.load_config), "
+                        f"got {type(config).__name__}")
     # A bad dataset or device, or an unreachable tracking server, stops us here, before anything is written.
     load_experiment_dataset(config.data, config.seed)
     check_device(config.device)
     uri = resolve_tracking_uri(parameters.get("tracking_uri"))
     check_reachable(uri)
     if config.runner.kind == "dask" and config.runner.dask_address:
-        from .dask_cluster import probe_workers
+        from flows.dask_cluster import probe_workers
 
         probe_workers(config.runner.dask_address, config, Path(parameters.get("runs_dir", "runs")))
     with hold_run(experiment_run_dir(parameters.get("runs_dir", "runs"), experiment)):

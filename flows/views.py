@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedcme_core.metrics import summarize
+from fedcme_core.results.metrics import summarize
 
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"  # where README's `mlflow ui ... --host 127.0.0.1` serves a sqlite store
 PREFECT_UI_DEFAULT = "http://127.0.0.1:4200"  # where README's `prefect server start --host 127.0.0.1` serves PREFECT_HOME

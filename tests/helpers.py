@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedcme_core.config import TrainingConfig
-from fedcme_core.models import SplitModel, build_model
-from fedcme_core.seeding import torch_generator
-from fedcme_core.training import ClientHooks, LocalRun, save_local_run, start_local_run, train_epochs
+from fedcme_core.config.schema import TrainingConfig
+from fedcme_core.client.models import SplitModel, build_model
+from fedcme_core.common.seeding import torch_generator
+from fedcme_core.client.training import ClientHooks, LocalRun, save_local_run, start_local_run, train_epochs
 
 TRAINING = TrainingConfig(local_epochs=4, batch_size=16)
 

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from flows.repro import live_processes
+from flows.pipeline.repro import live_processes
 
 
 def processes_with_environment(entry: str) -> list[int]:

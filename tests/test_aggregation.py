@@ -1,4 +1,4 @@
-"""Tests of fedcme_core.aggregation: client selection and weighted averaging."""
+"""Tests of fedcme_core.server.aggregation: client selection and weighted averaging."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcme_core.aggregation import select_clients, weighted_average
+from fedcme_core.server.aggregation import select_clients, weighted_average
 
 
 def constant_state(value: float, batches_tracked: int = 0) -> dict[str, torch.Tensor]:

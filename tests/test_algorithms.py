@@ -13,8 +13,8 @@ from fedcme_core.algorithms.fedcme import AlignmentHooks, FedCMEConfig
 from fedcme_core.algorithms.fedprox import FedProxConfig, ProximalHooks
 from fedcme_core.algorithms.fedrs import FedRSConfig, RestrictedSoftmaxHooks, class_scaling
 from fedcme_core.algorithms.moon import ContrastiveHooks, MoonConfig
-from fedcme_core.features import GlobalFeatures
-from fedcme_core.models import build_model
+from fedcme_core.client.features import GlobalFeatures
+from fedcme_core.client.models import build_model
 
 from .helpers import fresh_run, same_state, tiny_client_data, train
 

@@ -1,4 +1,4 @@
-"""Batched crop_flip augmentation (fedcme_core.augment): shapes, values, a hand-checked crop and
+"""Batched crop_flip augmentation (fedcme_core.data.augment): shapes, values, a hand-checked crop and
 flip, seed determinism, the dataset defaults, and a resumed augmented run equal to a straight one."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedcme_core.augment import PADDING, crop_flip
-from fedcme_core.config import config_from_dict
+from fedcme_core.data.augment import PADDING, crop_flip
+from fedcme_core.config.schema import config_from_dict
 from fedcme_core.rounds import final_model, run_experiment
-from fedcme_core.training import ClientHooks, load_local_run, save_local_run, train_epochs
+from fedcme_core.client.training import ClientHooks, load_local_run, save_local_run, train_epochs
 
 from .helpers import TRAINING, fresh_run, same_state, tiny_client_data
 
@@ -98,6 +98,7 @@ def test_a_local_run_resumed_mid_phase_draws_the_same_crops(tmp_path):
     assert not same_state(straight.model, plain.model)  # the augmentation really ran
 
 
+@pytest.mark.slow  # 4 runs each
 @pytest.mark.parametrize("augment", ["crop_flip", "none"])
 def test_an_augmented_fedcme_run_is_reproducible_and_resumes_to_the_same_model(tmp_path, synthetic_config, augment):
     config = synthetic_config({"data.augment": augment, "federation.rounds": 2})

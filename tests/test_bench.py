@@ -53,6 +53,7 @@ def is_positive(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.slow
 def test_quick_benchmarks_write_well_formed_results(tmp_path, prefect_server):
     results = tmp_path / "results.jsonl"
     environment = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -102,6 +103,7 @@ def run_gpu_bench(tmp_path, *options: str) -> subprocess.CompletedProcess:
     return run_bench_without_gpu("gpu.py", tmp_path / "gpu.jsonl", *options)
 
 
+@pytest.mark.slow
 def test_the_gpu_bench_without_a_gpu_says_so_in_one_line(tmp_path):
     completed = run_gpu_bench(tmp_path)
 
@@ -111,6 +113,7 @@ def test_the_gpu_bench_without_a_gpu_says_so_in_one_line(tmp_path):
     assert not (tmp_path / "gpu.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_the_gpu_bench_quick_mode_runs_its_rounds_on_the_cpu(tmp_path):
     completed = run_gpu_bench(tmp_path, "--quick")
 
@@ -162,6 +165,7 @@ def run_bf16_bench(tmp_path, *options: str) -> subprocess.CompletedProcess:
     return run_bench_without_gpu("bf16_accuracy.py", tmp_path / "bf16.jsonl", *options)
 
 
+@pytest.mark.slow
 def test_the_bf16_study_quick_mode_trains_every_run_in_both_precisions_gives_the_verdict_and_resumes(tmp_path):
     completed = run_bf16_bench(tmp_path, "--quick")
 

@@ -1,4 +1,4 @@
-"""The checkpoint format (fedcme_core.checkpoints): header, digest, torch body, atomic replacement."""
+"""The checkpoint format (fedcme_core.common.checkpoints): header, digest, torch body, atomic replacement."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from fedcme_core.checkpoints import (
+from fedcme_core.common.checkpoints import (
     MAGIC,
     CheckpointError,
     atomic_writer,

@@ -1,4 +1,4 @@
-"""Layout and precision of training (fedcme_core.compute): candidates, calibration, the machine
+"""Layout and precision of training (fedcme_core.client.compute): candidates, calibration, the machine
 cache, bf16 autocast in the one local loop, and a run that records and keeps its choice."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
-from fedcme_core import compute as compute_module
-from fedcme_core.compute import Compute, ComputeChoice, candidates, native_bf16, resolve
-from fedcme_core.config import TrainingConfig
+from fedcme_core.client import compute as compute_module
+from fedcme_core.client.compute import Compute, ComputeChoice, candidates, native_bf16, resolve
+from fedcme_core.config.schema import TrainingConfig
 from fedcme_core.rounds import RunPaths, final_model, run_experiment
-from fedcme_core.training import ClientHooks
+from fedcme_core.client.training import ClientHooks
 
 from .helpers import fresh_run, same_state, tiny_client_data
 
@@ -92,7 +92,7 @@ def test_layout_keeps_values_and_sets_strides():
 
 
 def test_bf16_autocast_trains_close_to_fp32_with_fp32_weights():
-    from fedcme_core.training import train_epochs
+    from fedcme_core.client.training import train_epochs
 
     inputs, labels = tiny_client_data(96)
     runs = {}
@@ -110,6 +110,7 @@ def test_bf16_autocast_trains_close_to_fp32_with_fp32_weights():
     assert abs(fp32.epoch_losses[-1] - bf16.epoch_losses[-1]) < 0.1
 
 
+@pytest.mark.slow  # 5 runs and a real calibration
 def test_a_run_records_its_choice_and_a_resumed_run_keeps_it(tmp_path, synthetic_config, cache_dir, monkeypatch):
     config = synthetic_config({"federation.rounds": 2})  # channels_last and precision: auto (the defaults)
     straight = tmp_path / "straight"
@@ -155,7 +156,7 @@ def test_a_missing_or_damaged_compute_record_is_named(tmp_path, synthetic_config
 
 
 def test_training_config_accepts_auto_and_booleans_only():
-    from fedcme_core.config import ConfigError, config_from_dict
+    from fedcme_core.config.schema import ConfigError, config_from_dict
 
     assert TrainingConfig().channels_last == "auto" and TrainingConfig().precision == "auto"
     with pytest.raises(ConfigError, match="training.channels_last: Input should be a valid boolean"):

@@ -24,6 +24,9 @@ from flows.cli import main
 from .conftest import REPO_ROOT, SYNTHETIC
 from .processes import kill_all, wait_until_none_left
 
+# The session's Prefect server, processes holding a run directory, and commands launched at once.
+pytestmark = pytest.mark.slow
+
 ROUNDS = 2
 HOLDER = """
 import sys, time

@@ -10,9 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcme_core.algorithm_configs import ALGORITHM_CONFIGS, ALGORITHM_NAMES, FedCMEConfig, FedProxConfig, MoonConfig
-from fedcme_core.config import ExperimentConfig, config_from_dict, load_config
-from fedcme_core.config_files import ConfigError, apply_overrides
+from fedcme_core.algorithms import ALGORITHM_CONFIGS, ALGORITHM_NAMES, ALGORITHMS
+from fedcme_core.algorithms.fedcme import FedCMEConfig
+from fedcme_core.algorithms.fedprox import FedProxConfig
+from fedcme_core.algorithms.moon import MoonConfig
+from fedcme_core.config.schema import ExperimentConfig, config_from_dict
+from fedcme_core.config import load_config
+from fedcme_core.config.files import ConfigError, apply_overrides
 
 from .conftest import REPO_ROOT
 
@@ -29,10 +33,9 @@ def test_a_config_and_a_params_file_are_validated_without_importing_torch():
 
 
 def test_every_algorithm_is_registered_under_its_config_name():
-    from fedcme_core.algorithms import ALGORITHMS
-
     assert tuple(ALGORITHMS) == ALGORITHM_NAMES and len(set(ALGORITHM_NAMES)) == len(ALGORITHM_CONFIGS)
     assert all(ALGORITHMS[name].config_class is config for name, config in zip(ALGORITHM_NAMES, ALGORITHM_CONFIGS))
+    assert all(cls.config_class.__module__ == cls.__module__ for cls in ALGORITHMS.values())  # one module each
 
 
 def write(tmp_path, text: str):

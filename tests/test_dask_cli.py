@@ -22,18 +22,24 @@ from .conftest import REPO_ROOT
 from .helpers import same_state
 from .processes import kill_all, wait_until_none_left
 
+# A real Dask scheduler and workers (processes), the session's Prefect server, a worker killed.
+pytestmark = pytest.mark.slow
+
 SMOKE = REPO_ROOT / "configs" / "smoke.yaml"
 DASK = str(Path(sys.executable).parent / "dask")
 
 
-@pytest.fixture
-def dask_cluster(tmp_path, prefect_server):
-    """`dask scheduler` and two `dask worker` processes; yields (address, token of their environment)."""
+@pytest.fixture(scope="module")
+def dask_cli_cluster(tmp_path_factory, prefect_server):
+    """`dask scheduler` and two `dask worker` processes, started once for this module's tests (a
+    cluster takes seconds to start and to stop); yields (scheduler file, token of their environment).
+    Once the tests are done, no process of the cluster is left."""
     token = f"FEDCME_TEST_DASK={uuid.uuid4().hex}"
     environment = {**os.environ, token.split("=")[0]: token.split("=")[1]}
-    scheduler_file = tmp_path / "scheduler.json"
+    folder = tmp_path_factory.mktemp("dask-cluster")
+    scheduler_file = folder / "scheduler.json"
     started = []
-    directories = {name: tmp_path / name for name in ("scheduler", "worker-a", "worker-b")}
+    directories = {name: folder / name for name in ("scheduler", "worker-a", "worker-b")}
     for directory in directories.values():
         directory.mkdir()
     started.append(subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
@@ -45,8 +51,8 @@ def dask_cluster(tmp_path, prefect_server):
                                         cwd=directories[name], env=environment,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
-        address = wait_for_workers(scheduler_file, 2)
-        yield address, token
+        wait_for_workers(scheduler_file, 2)
+        yield scheduler_file, token
     finally:
         for process in started:
             process.terminate()
@@ -57,6 +63,14 @@ def dask_cluster(tmp_path, prefect_server):
                 process.kill()
         kill_all(token)
         assert wait_until_none_left(token, timeout=30) == []
+
+
+@pytest.fixture
+def dask_cluster(dask_cli_cluster):
+    """The module's cluster with both workers connected (a killed worker process is replaced by its
+    nanny): (address, token of their environment)."""
+    scheduler_file, token = dask_cli_cluster
+    return wait_for_workers(scheduler_file, 2), token
 
 
 def wait_for_workers(scheduler_file: Path, count: int, timeout: float = 120.0) -> str:
@@ -77,10 +91,10 @@ def test_a_run_on_external_dask_workers_equals_a_sequential_run(tmp_path, dask_c
     runs = tmp_path / "runs"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     fixed = {"runner.threads_per_worker": 1}  # the promise: the same threads per worker, any runner
-    on_dask = run_training(str(SMOKE), "on-dask", runs_dir=str(runs), tracking_uri=uri,
-                           overrides={**fixed, "runner.kind": "dask", "runner.dask_address": address})
-    sequential = run_training(str(SMOKE), "sequential", runs_dir=str(runs), tracking_uri=uri,
-                              overrides={**fixed, "runner.kind": "sequential"})
+    dask = load_config(SMOKE, overrides={**fixed, "runner.kind": "dask", "runner.dask_address": address})
+    on_dask = run_training(dask, "on-dask", runs_dir=str(runs), tracking_uri=uri)
+    sequential = run_training(load_config(SMOKE, overrides={**fixed, "runner.kind": "sequential"}), "sequential",
+                              runs_dir=str(runs), tracking_uri=uri)
 
     config = load_config(SMOKE)
     assert same_state(final_model(config, on_dask["run_dir"]), final_model(config, sequential["run_dir"]))
@@ -96,8 +110,8 @@ def test_a_worker_that_cannot_load_the_data_is_named_before_the_run_starts(tmp_p
                  "data.mirror": "mirror", "data.data_dir": "data", "data.train_subset": 500}
 
     with pytest.raises(OrchestratorError) as raised:
-        run_training(str(SMOKE), "unseen-data", runs_dir="runs", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-                     overrides=overrides)
+        run_training(load_config(SMOKE, overrides=overrides), "unseen-data", runs_dir="runs",
+                     tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
 
     message = str(raised.value)
     assert message.startswith("Dask worker tcp://127.0.0.1:") and "cannot load the run's data" in message
@@ -118,8 +132,8 @@ def test_a_worker_killed_mid_phase_leaves_the_same_model(tmp_path, dask_cluster)
 
     def train_on_dask() -> None:
         try:
-            outcome["summary"] = run_training(str(SMOKE), "survivor", runs_dir=str(runs), tracking_uri=uri,
-                                              overrides={**fixed, "runner.kind": "dask", "runner.dask_address": address})
+            config = load_config(SMOKE, overrides={**fixed, "runner.kind": "dask", "runner.dask_address": address})
+            outcome["summary"] = run_training(config, "survivor", runs_dir=str(runs), tracking_uri=uri)
         except BaseException as error:  # reported by the assertion below
             outcome["error"] = error
 
@@ -135,8 +149,8 @@ def test_a_worker_killed_mid_phase_leaves_the_same_model(tmp_path, dask_cluster)
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     thread.join(timeout=600)
-    sequential = run_training(str(SMOKE), "sequential", runs_dir=str(runs), tracking_uri=uri,
-                              overrides={**fixed, "runner.kind": "sequential"})
+    sequential = run_training(load_config(SMOKE, overrides={**fixed, "runner.kind": "sequential"}), "sequential",
+                              runs_dir=str(runs), tracking_uri=uri)
 
     assert killed and "error" not in outcome, outcome.get("error")
     config = load_config(SMOKE, overrides={"federation.rounds": 3})

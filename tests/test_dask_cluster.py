@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from distributed import Client, LocalCluster
 
 from flows.dask_cluster import local_cluster
+
+pytestmark = pytest.mark.slow  # two LocalClusters of worker processes
 
 CLUSTER = {"n_workers": 1, "threads_per_worker": 1, "processes": True, "host": "127.0.0.1", "dashboard_address": None}
 

@@ -1,4 +1,4 @@
-"""Tests for fedcme_core.data and fedcme_core.data_sources: mirror loading and verification, normalisation, synthetic data, subsets."""
+"""Tests for fedcme_core.data.datasets and fedcme_core.data.sources: mirror loading and verification, normalisation, synthetic data, subsets."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedcme_core import data as data_module
-from fedcme_core import data_sources
-from fedcme_core.data import (
+from fedcme_core.data import datasets as data_module
+from fedcme_core.data import sources as data_sources
+from fedcme_core.data.datasets import (
     DATASETS,
     DataError,
     Dataset,
@@ -21,7 +21,7 @@ from fedcme_core.data import (
     load_dataset,
     subset,
 )
-from fedcme_core.data_sources import resolve_mirror
+from fedcme_core.data.sources import resolve_mirror
 
 from .conftest import REPO_ROOT
 
@@ -76,8 +76,10 @@ def assert_normalised_split(images: torch.Tensor, labels: torch.Tensor, count: i
 
 
 # --- real datasets from the mirror -------------------------------------------------------
+# (marked slow: they read, verify and decompress the real archives)
 
 
+@pytest.mark.slow
 @needs_fmnist_mirror
 def test_fmnist_from_mirror(fmnist: Dataset) -> None:
     assert fmnist.name == "fmnist"
@@ -91,6 +93,7 @@ def test_fmnist_from_mirror(fmnist: Dataset) -> None:
     assert abs(fmnist.x_train.std().item() - 1.0) < 0.01
 
 
+@pytest.mark.slow
 @needs_cifar_mirror
 def test_cifar10_from_mirror(cifar10: Dataset) -> None:
     assert cifar10.name == "cifar10"
@@ -106,6 +109,7 @@ def test_cifar10_from_mirror(cifar10: Dataset) -> None:
     assert torch.allclose(channel_std, torch.ones(3), atol=0.01)
 
 
+@pytest.mark.slow
 @needs_fmnist_mirror
 def test_fmnist_second_load_uses_the_stamp_and_writes_nothing_beside_the_mirror(
     fmnist_mirror_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -128,6 +132,7 @@ def test_fmnist_second_load_uses_the_stamp_and_writes_nothing_beside_the_mirror(
     assert (data_dir / "fashion-mnist.verified.json").is_file()
 
 
+@pytest.mark.slow
 @needs_fmnist_mirror
 def test_corrupted_gz_names_the_file_and_both_md5s(fmnist_mirror_copy: Path, tmp_path: Path) -> None:
     corrupted = fmnist_mirror_copy / "fashion-mnist" / "t10k-labels-idx1-ubyte.gz"
@@ -143,6 +148,7 @@ def test_corrupted_gz_names_the_file_and_both_md5s(fmnist_mirror_copy: Path, tmp
     assert "bb300cfdad3c16e7a12a480ee83cd310" in message
 
 
+@pytest.mark.slow
 @needs_fmnist_mirror
 def test_file_changed_after_verification_is_checked_again(fmnist_mirror_copy: Path, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
@@ -153,6 +159,7 @@ def test_file_changed_after_verification_is_checked_again(fmnist_mirror_copy: Pa
         load_dataset("fmnist", data_dir=data_dir, mirror=fmnist_mirror_copy)
 
 
+@pytest.mark.slow
 @needs_fmnist_mirror
 def test_missing_mirror_file_is_named(fmnist_mirror_copy: Path, tmp_path: Path) -> None:
     (fmnist_mirror_copy / "fashion-mnist" / "t10k-images-idx3-ubyte.gz").unlink()
@@ -369,9 +376,10 @@ def test_dataset_checks_its_tensors() -> None:
         )
 
 
+@pytest.mark.slow  # a fresh interpreter importing the flows (Prefect, MLflow)
 def test_importing_the_data_module_leaves_torchvision_unloaded() -> None:
     # torchvision pulls in torch._dynamo (about 2 s of every command's start-up); only a
     # Fashion-MNIST read or a download needs it.
-    code = "import sys, fedcme_core.data, flows.train; print('torchvision' in sys.modules)"
+    code = "import sys, fedcme_core.data.datasets, flows.train; print('torchvision' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "False"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedcme_core.compute import Compute
-from fedcme_core.data import Dataset
+from fedcme_core.client.compute import Compute
+from fedcme_core.data.datasets import Dataset
 from fedcme_core.rounds.device import client_data, gather_resident, resident_training_set, worker_stream
 
 CPU = torch.device("cpu")

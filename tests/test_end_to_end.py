@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from fedcme_core.config import config_from_dict
+from fedcme_core.config.schema import config_from_dict
 from fedcme_core.rounds import final_model, load_experiment_dataset, run_experiment
-from fedcme_core.evaluation import evaluate
+from fedcme_core.client.evaluation import evaluate
+
+pytestmark = pytest.mark.slow  # the real datasets, trained for a few rounds
 
 
 @pytest.mark.parametrize(

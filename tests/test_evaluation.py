@@ -1,4 +1,4 @@
-"""Tests of fedcme_core.evaluation on a hand-set linear model."""
+"""Tests of fedcme_core.client.evaluation on a hand-set linear model."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedcme_core.architectures import MODEL_INFERENCE_BATCH
-from fedcme_core.evaluation import INFERENCE_BATCH_SIZE, EvalResult, eval_mode, evaluate, torch_threads
-from fedcme_core.features import local_statistics
-from fedcme_core.models import build_model
+from fedcme_core.client.architectures import MODEL_INFERENCE_BATCH
+from fedcme_core.client.evaluation import INFERENCE_BATCH_SIZE, EvalResult, eval_mode, evaluate, torch_threads
+from fedcme_core.client.features import local_statistics
+from fedcme_core.client.models import build_model
 
 from .helpers import IdentityModel
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedcme_core.checkpoints import load_checkpoint
-from fedcme_core.exchange import exchange_checkpoints, exchanged_keys, swap_parts
-from fedcme_core.models import build_model
+from fedcme_core.common.checkpoints import load_checkpoint
+from fedcme_core.server.exchange import exchange_checkpoints, exchanged_keys, swap_parts
+from fedcme_core.client.models import build_model
 
 from .helpers import phase_one_checkpoints
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from fedcme_core import rounds
-from fedcme_core.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
-from fedcme_core.exchange import exchange_checkpoints
-from fedcme_core.faults import RoundError, dropped_clients, state_problem, surviving_donors, update_problem
+from fedcme_core.common.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+from fedcme_core.server.exchange import exchange_checkpoints
+from fedcme_core.server.faults import RoundError, dropped_clients, state_problem, surviving_donors, update_problem
 from fedcme_core.rounds import RecoveryWarning, RunPaths, completed_rounds, load_server_state, run_experiment
 
 from .helpers import same_state
@@ -57,7 +57,7 @@ def test_a_file_the_run_did_not_write_is_never_unpickled(tmp_path):
 
 WRITER = """
 import sys, torch
-from fedcme_core.checkpoints import save_checkpoint
+from fedcme_core.common.checkpoints import save_checkpoint
 path = sys.argv[1]
 version = 0
 while True:
@@ -67,6 +67,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_sigkill_during_checkpoint_writes_leaves_an_intact_file(tmp_path):
     path = tmp_path / "state.pt"
     save_checkpoint({"version": 0, "weights": torch.zeros(400_000)}, path)
@@ -112,7 +113,7 @@ def test_a_pair_with_a_lost_client_does_not_exchange():
 
 def test_a_non_finite_donor_gives_nothing(tmp_path):
     from .helpers import fresh_run
-    from fedcme_core.training import save_local_run
+    from fedcme_core.client.training import save_local_run
 
     sources = {client: tmp_path / f"swap-{client}.pt" for client in (0, 1)}
     for client, path in sources.items():
@@ -174,7 +175,7 @@ def test_a_client_that_keeps_failing_leaves_the_round_and_its_partner_trains_alo
     record = history[0]
     assert record["failed_clients"] == 1 and record["aggregated_clients"] == 3
     assert record["failures"] == {failing: f"local training (phase 1) failed: OSError: injected failure 2 of client {failing}"}
-    partner = next(b if a == failing else a for a, b in record["pairs"] if failing in (a, b))
+    partner = next(b if a == failing else a for a, b in record["algorithm"]["pairs"] if failing in (a, b))
     paths = RunPaths(tmp_path / "run")
     assert not paths.exchanged_checkpoint(0, partner).exists()
     assert not paths.upload(0, failing).exists()
@@ -250,8 +251,8 @@ def test_simulated_dropouts_are_reproducible_and_logged(tmp_path, synthetic_conf
     assert all(r["aggregated_clients"] == len(r["selected"]) - r["dropped_clients"] for r in first)
 
 
-def test_a_corrupted_latest_state_resumes_from_the_last_intact_round(tmp_path, synthetic_config):
-    straight = run_experiment(synthetic_config({"federation.rounds": 3}), tmp_path / "straight")
+def test_a_corrupted_latest_state_resumes_from_the_last_intact_round(tmp_path, synthetic_config, finished_run):
+    straight, straight_dir = finished_run({"federation.rounds": 3})
     run_dir = tmp_path / "damaged"
     run_experiment(synthetic_config({"federation.rounds": 2}), run_dir)
     latest = RunPaths(run_dir).server_state(2)
@@ -263,7 +264,7 @@ def test_a_corrupted_latest_state_resumes_from_the_last_intact_round(tmp_path, s
     assert without_timings(resumed) == without_timings(straight)
     assert (latest.parent / "round-0002.pt.corrupt").exists()
     assert same_state(
-        rounds.final_model(synthetic_config(), run_dir), rounds.final_model(synthetic_config(), tmp_path / "straight")
+        rounds.final_model(synthetic_config(), run_dir), rounds.final_model(synthetic_config(), straight_dir)
     )
 
 

@@ -1,4 +1,4 @@
-"""Tests of fedcme_core.features: local features, global features with memory, alignment."""
+"""Tests of fedcme_core.client.features: local features, global features with memory, alignment."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedcme_core.features import (
+from fedcme_core.client.features import (
     GlobalFeatures,
     aggregate_global_features,
     alignment_loss,
     local_features,
     local_statistics,
 )
-from fedcme_core.matching import evaluation_vector
-from fedcme_core.models import build_model
+from fedcme_core.server.matching import evaluation_vector
+from fedcme_core.client.models import build_model
 
 from .helpers import LinearSplitModel
 

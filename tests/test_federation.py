@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedcme_core.checkpoints import load_checkpoint, save_checkpoint
-from fedcme_core.evaluation import evaluate
+from fedcme_core.common.checkpoints import load_checkpoint, save_checkpoint
+from fedcme_core.client.evaluation import evaluate
 from fedcme_core.rounds import (
     RunError,
     RunPaths,
@@ -24,7 +24,7 @@ from fedcme_core.rounds import (
     run_experiment,
     shared_server_state,
 )
-from fedcme_core.partition_file import load_partition
+from fedcme_core.data.partition_file import load_partition
 
 from .helpers import same_state
 
@@ -32,26 +32,24 @@ def without_timings(history):
     return [{key: value for key, value in record.items() if not key.endswith("_seconds")} for record in history]
 
 
-def test_fedcme_two_rounds_end_to_end(tmp_path, synthetic_config):
-    config = synthetic_config()
-
-    history = run_experiment(config, tmp_path / "run")
+def test_fedcme_two_rounds_end_to_end(finished_run):
+    history, run_dir = finished_run()  # synthetic_config()'s run
 
     assert [record["round"] for record in history] == [0, 1]
-    assert all(len(record["selected"]) == 4 and len(record["pairs"]) == 2 for record in history)
+    assert all(len(record["selected"]) == 4 and len(record["algorithm"]["pairs"]) == 2 for record in history)
     assert all(0.0 <= record["test_accuracy"] <= 1.0 and record["test_loss"] > 0 for record in history)
-    state = load_server_state(tmp_path / "run", 2)
+    state = load_server_state(run_dir, 2)
     assert state["algorithm"]["global_features"]["defined"].any()
     assert set(state["algorithm"]["evaluation_vectors"]) >= set(history[-1]["selected"])
-    assert not (tmp_path / "run" / "rounds").exists() or not any((tmp_path / "run" / "rounds").iterdir())
+    assert not (run_dir / "rounds").exists() or not any((run_dir / "rounds").iterdir())
 
 
-def test_same_seed_same_result_and_other_seed_differs(tmp_path, synthetic_config):
-    run_experiment(synthetic_config(), tmp_path / "a")
+def test_same_seed_same_result_and_other_seed_differs(tmp_path, synthetic_config, finished_run):
+    _, first = finished_run()  # the session's run of synthetic_config(), seed 3
     run_experiment(synthetic_config(), tmp_path / "b")
     run_experiment(synthetic_config({"seed": 4}), tmp_path / "c")
 
-    a, b, c = (final_model(synthetic_config({"seed": s}), tmp_path / d) for s, d in ((3, "a"), (3, "b"), (4, "c")))
+    a, b, c = (final_model(synthetic_config({"seed": s}), d) for s, d in ((3, first), (3, tmp_path / "b"), (4, tmp_path / "c")))
     assert same_state(a, b)
     assert not same_state(a, c)
 
@@ -65,25 +63,25 @@ DEGENERATE = [
 
 
 @pytest.mark.parametrize("algorithm, backbone", DEGENERATE, ids=lambda v: v.get("name", "") if isinstance(v, dict) else "")
-def test_degenerate_settings_equal_fedavg_exactly(tmp_path, synthetic_config, algorithm, backbone):
+def test_degenerate_settings_equal_fedavg_exactly(tmp_path, synthetic_config, finished_run, algorithm, backbone):
     fedavg = synthetic_config(backbone, algorithm={"name": "fedavg"})
     degenerate = synthetic_config(backbone, algorithm=algorithm)
 
-    fedavg_history = run_experiment(fedavg, tmp_path / "fedavg")
+    fedavg_history, fedavg_dir = finished_run(backbone, algorithm={"name": "fedavg"})  # one FedAvg run for all
     degenerate_history = run_experiment(degenerate, tmp_path / "degenerate")
 
-    assert same_state(final_model(fedavg, tmp_path / "fedavg"), final_model(degenerate, tmp_path / "degenerate"))
+    assert same_state(final_model(fedavg, fedavg_dir), final_model(degenerate, tmp_path / "degenerate"))
     assert [r["test_loss"] for r in fedavg_history] == [r["test_loss"] for r in degenerate_history]
 
 
-def test_exchange_without_alignment_changes_the_result(tmp_path, synthetic_config):
+def test_exchange_without_alignment_changes_the_result(tmp_path, synthetic_config, finished_run):
     fedavg = synthetic_config(algorithm={"name": "fedavg"})
     exchanging = synthetic_config(algorithm={"name": "fedcme", "mu": 0.0, "exchange": "classifier"})
 
-    run_experiment(fedavg, tmp_path / "fedavg")
+    _, fedavg_dir = finished_run(algorithm={"name": "fedavg"})
     run_experiment(exchanging, tmp_path / "exchange")
 
-    assert not same_state(final_model(fedavg, tmp_path / "fedavg"), final_model(exchanging, tmp_path / "exchange"))
+    assert not same_state(final_model(fedavg, fedavg_dir), final_model(exchanging, tmp_path / "exchange"))
 
 
 class InspectingExecutor(SerialExecutor):
@@ -138,10 +136,12 @@ class CrashingExecutor(SerialExecutor):
         return results
 
 
-@pytest.mark.parametrize("step", ["exchange", "train_phase", "commit"])
-def test_resume_after_a_crash_mid_round_equals_an_uninterrupted_run(tmp_path, synthetic_config, step):
+# The quick tier (-m "not slow") resumes after a crash at FedCME's exchange barrier; the full suite at every step.
+@pytest.mark.parametrize("step", ["exchange", pytest.param("train_phase", marks=pytest.mark.slow),
+                                  pytest.param("commit", marks=pytest.mark.slow)])
+def test_resume_after_a_crash_mid_round_equals_an_uninterrupted_run(tmp_path, synthetic_config, finished_run, step):
     config = synthetic_config({"algorithm.name": "fedcme", "federation.rounds": 3})
-    straight = run_experiment(config, tmp_path / "straight")
+    straight, straight_dir = finished_run({"algorithm.name": "fedcme", "federation.rounds": 3})
 
     with pytest.raises(KeyboardInterrupt):
         run_experiment(config, tmp_path / "crashed", CrashingExecutor(step, round_index=1))
@@ -149,9 +149,10 @@ def test_resume_after_a_crash_mid_round_equals_an_uninterrupted_run(tmp_path, sy
     resumed = run_experiment(config, tmp_path / "crashed")
 
     assert without_timings(resumed) == without_timings(straight)
-    assert same_state(final_model(config, tmp_path / "straight"), final_model(config, tmp_path / "crashed"))
+    assert same_state(final_model(config, straight_dir), final_model(config, tmp_path / "crashed"))
 
 
+@pytest.mark.slow  # 3 runs of 3 rounds with 5 clients a round
 @pytest.mark.parametrize("algorithm", [{"name": "moon", "mu": 1.0}, {"name": "scaffold"}], ids=["moon", "scaffold"])
 def test_client_state_resumes_with_the_right_rounds(tmp_path, synthetic_config, algorithm):
     # MOON's previous local models and SCAFFOLD's control variates c_i are kept per client across rounds.
@@ -175,8 +176,8 @@ def test_client_state_resumes_with_the_right_rounds(tmp_path, synthetic_config, 
     assert sorted(path.name for path in (run_dir / "server").iterdir()) == ["round-0002.pt", "round-0003.pt"]
 
 
-def test_extending_a_run_continues_from_its_last_round(tmp_path, synthetic_config):
-    straight = run_experiment(synthetic_config({"federation.rounds": 3}), tmp_path / "straight")
+def test_extending_a_run_continues_from_its_last_round(tmp_path, synthetic_config, finished_run):
+    straight, _ = finished_run({"federation.rounds": 3})
 
     run_experiment(synthetic_config({"federation.rounds": 1}), tmp_path / "extended")
     extended = run_experiment(synthetic_config({"federation.rounds": 3}), tmp_path / "extended")
@@ -220,6 +221,7 @@ def test_unnormalised_inputs_train_another_model(tmp_path, synthetic_config):
 CHANNELS_LAST_TOLERANCE = 1e-4  # absolute, per parameter, after 3 rounds (measured here: at most 6e-6)
 
 
+@pytest.mark.slow  # 2 runs of 3 rounds each
 @pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "fedcme", "mu": 0.1}])
 def test_channels_last_equals_the_default_format_within_its_tolerance(tmp_path, synthetic_config, algorithm):
     runs = {}

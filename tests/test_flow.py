@@ -17,8 +17,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from fedcme_core.checkpoints import load_checkpoint
-from fedcme_core.compute import native_bf16
+from fedcme_core.common.checkpoints import load_checkpoint
+from fedcme_core.client.compute import native_bf16
 from fedcme_core.config import load_config
 from fedcme_core.rounds import RunPaths, final_model, load_experiment_dataset, load_server_state
 from flows.tracking import ROUND_METRICS
@@ -26,6 +26,9 @@ from flows.train import run_training, wait_for_task_run_records
 
 from .conftest import REPO_ROOT
 from .helpers import same_state
+
+# Every test runs on the session's real Prefect server and most train through the whole flow.
+pytestmark = pytest.mark.slow
 
 SMOKE = str(REPO_ROOT / "configs" / "smoke.yaml")
 
@@ -37,7 +40,8 @@ def _prefect(prefect_server):
 
 def train(tmp_path: Path, experiment: str, **overrides):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    summary = run_training(SMOKE, experiment, overrides=overrides, runs_dir=str(tmp_path / "runs"), tracking_uri=uri)
+    summary = run_training(load_config(SMOKE, overrides=overrides), experiment, runs_dir=str(tmp_path / "runs"),
+                           tracking_uri=uri)
     return summary, MlflowClient(tracking_uri=uri)
 
 
@@ -77,7 +81,7 @@ def test_two_round_fedcme_run_is_tracked_in_mlflow(tmp_path):
     run = client.get_run(summary["mlflow_run_id"])
     for metric in ROUND_METRICS:
         if metric == "time/exchange_seconds" or metric.startswith(("eval/", "train/", "time/round", "time/phase")):
-            # One round numbering everywhere: the console's round 1 is step 1 (fedcme_core.records).
+            # One round numbering everywhere: the console's round 1 is step 1 (fedcme_core.results.records).
             assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [1, 2], metric
     assert run.data.params["algorithm.name"] == "fedcme" and run.data.params["federation.rounds"] == "2"
     assert run.data.tags["dataset"] == "synthetic" and len(run.data.tags["partition_hash"]) == 64
@@ -192,7 +196,7 @@ def test_phase_two_checkpoints_hold_the_counterparts_classifier(tmp_path):
         ["prepare", *(f"{step} r{round_number}" for step in steps for round_number in (1, 2))])
     checked = 0
     for record in history:
-        for first, second in record["pairs"]:
+        for first, second in record["algorithm"]["pairs"]:
             for receiver, donor in ((first, second), (second, first)):
                 phase_two = load_checkpoint(paths.exchanged_checkpoint(record["round"], receiver))["model"]
                 donor_swap = load_checkpoint(paths.swap_checkpoint(record["round"], donor))["model"]
@@ -261,8 +265,11 @@ def test_serve_builds_a_scheduled_deployment_of_the_training_flow():
     assert deployment.name == "nightly" and deployment.flow_name == "fedcme-train"
     assert [(item.schedule.cron, item.schedule.timezone) for item in deployment.schedules] == [
         ("0 2 * * *", "Europe/Berlin")]
-    assert deployment.parameters["config_file"] == SMOKE
-    assert deployment.parameters["overrides"] == {"federation.rounds": 3}
+    # The config validated once, when the deployment is built: its plain values, which each run's
+    # parameter check (the deployment's parameter schema, then train_flow's) turns back into it.
+    config = load_config(SMOKE, overrides={"federation.rounds": 3})
+    assert deployment.parameters["config"] == config.model_dump(mode="json")
+    assert "config_file" not in deployment.parameters and "overrides" not in deployment.parameters
     # A scheduled run trains an experiment of its own; an on-demand deployment trains the one it names.
     assert deployment.parameters["dated"] is True and on_demand.parameters["dated"] is False
 
@@ -280,11 +287,11 @@ def test_serve_names_a_bad_schedule_in_one_line(option, value, message):
 
 def test_every_scheduled_run_is_an_experiment_of_its_own_named_in_the_ui(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    options = {"overrides": {"federation.rounds": 1}, "runs_dir": str(tmp_path / "runs"), "tracking_uri": uri,
-               "dated": True}
-    first = run_training(SMOKE, "nightly", **options)
+    config = load_config(SMOKE, overrides={"federation.rounds": 1})
+    options = {"runs_dir": str(tmp_path / "runs"), "tracking_uri": uri, "dated": True}
+    first = run_training(config, "nightly", **options)
     time.sleep(1.1)  # the next trigger, a second later
-    second = run_training(SMOKE, "nightly", **options)
+    second = run_training(config, "nightly", **options)
 
     names = [Path(summary["run_dir"]).name for summary in (first, second)]
     assert names[0] != names[1] and all(re.fullmatch(r"nightly-\d{8}-\d{6}", name) for name in names)

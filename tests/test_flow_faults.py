@@ -19,9 +19,9 @@ from mlflow.tracking import MlflowClient
 
 from fedcme_core import rounds
 from fedcme_core.config import load_config
-from fedcme_core.faults import state_problem
+from fedcme_core.server.faults import state_problem
 from fedcme_core.rounds import RunPaths, load_server_state
-from fedcme_core.partition import PartitionError
+from fedcme_core.data.partition import PartitionError
 from flows.cli import main
 from flows.train import run_training
 
@@ -31,6 +31,7 @@ from .test_faults import FlakyTraining, first_client_of_round_zero
 SMOKE = REPO_ROOT / "configs" / "smoke.yaml"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client_tasks", ["worker", "client"])
 def test_a_failing_client_is_retried_then_dropped_and_logged(tmp_path, prefect_server, monkeypatch, client_tasks):
     overrides = {"runner.workers": 2, "runner.retries": 2, "runner.client_tasks": client_tasks}
@@ -39,7 +40,8 @@ def test_a_failing_client_is_retried_then_dropped_and_logged(tmp_path, prefect_s
     monkeypatch.setattr(rounds, "train_phase_step", flaky)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
-    summary = run_training(str(SMOKE), "flaky", overrides=overrides, runs_dir=str(tmp_path / "runs"), tracking_uri=uri)
+    summary = run_training(load_config(SMOKE, overrides=overrides), "flaky", runs_dir=str(tmp_path / "runs"),
+                           tracking_uri=uri)
 
     assert flaky.calls == 3  # the first try and two retries (inside the worker's task, or Prefect's task retries)
     client = MlflowClient(tracking_uri=uri)
@@ -70,6 +72,7 @@ def test_an_unreachable_tracking_server_is_reported_before_training(tmp_path, ca
     assert sorted(os.listdir(tmp_path)) == []
 
 
+@pytest.mark.slow
 def test_a_tracking_failure_mid_run_loses_nothing_and_sync_logs_the_rest(tmp_path, prefect_server):
     database = tmp_path / "mlflow.db"
     uri = f"sqlite:///{database}"
@@ -144,7 +147,8 @@ BAD_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow) if case == "corrupted gz" else case  # a copy of the real mirror
+                                  for case in sorted(BAD_CONFIGS)])
 def test_bad_config_gets_one_line_naming_it_and_writes_nothing(tmp_path, capsys, monkeypatch, case):
     changes, expected = BAD_CONFIGS[case]
     work = tmp_path / "work"

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedcme_core.config import config_from_dict
-from fedcme_core.config_files import apply_overrides
+from fedcme_core.config.schema import config_from_dict
+from fedcme_core.config.files import apply_overrides
 from fedcme_core.rounds import final_model, run_experiment
 
 from .conftest import SYNTHETIC

@@ -22,8 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO_ROOT, SYNTHETIC
+from .conftest import REPO_ROOT, SYNTHETIC, USED_STORES
 from .processes import kill_all, processes_with_environment, sigint_as_in_a_terminal, wait_until_none_left
+
+# `fedcme train` commands (each with its own temporary Prefect server) killed and signalled.
+pytestmark = pytest.mark.slow
 
 ROUNDS = 3
 TOKEN_KEY = "FEDCME_KILL_TEST_TOKEN"
@@ -38,6 +41,8 @@ class Command:
         values = {**SYNTHETIC, "federation": {"num_clients": 6, "clients_per_round": 4, "rounds": ROUNDS},
                   "runner": {"kind": runner, "workers": 2, "threads_per_worker": 1}}
         config.write_text(yaml.safe_dump(values))
+        # A Prefect home and an MLflow store set up as by an earlier command (not this test's subject).
+        USED_STORES.seed(prefect_home=tmp_path / "prefect-home", mlflow_db=tmp_path / "mlflow.db")
         self.token = f"{TOKEN_KEY}={uuid.uuid4().hex}"
         environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
         environment.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONPATH=str(REPO_ROOT),

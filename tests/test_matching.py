@@ -1,4 +1,4 @@
-"""Tests of fedcme_core.matching: MakeMatching, random pairing, many-to-one, D_eval."""
+"""Tests of fedcme_core.server.matching: MakeMatching, random pairing, many-to-one, D_eval."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedcme_core.matching import (
+from fedcme_core.server.matching import (
     cosine_similarity,
     counterparts,
     eval_subset,
@@ -351,3 +351,8 @@ def test_matching_similarity_replays_the_servers_table_by_hand():
     assert rounds[1]["random_cosine"] == pytest.approx((3 / np.sqrt(2) + 1) / 6)
     # Round 2: client 4 has no vector (its pair was random); 0 now holds [0, 1], so cos(0, 3) = 0.
     assert rounds[2] == {"round": 3, "pairs": [], "matched_cosine": None, "random_cosine": 0.0}
+    # The same records with FedCME's keys in the record's algorithm section (the form written now;
+    # the one above is the form of the records written before it).
+    sectioned = [{"round": record["round"], "selected": record["selected"],
+                  "algorithm": {key: record[key] for key in ("pairs", "evaluation_vectors")}} for record in history]
+    assert matching_similarity(sectioned) == rounds

@@ -1,4 +1,4 @@
-"""Tests of fedcme_core.metrics: run summaries (Table II / III forms) and the per-round CSV."""
+"""Tests of fedcme_core.results.metrics: run summaries (Table II / III forms) and the per-round CSV."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fedcme_core.metrics import history_csv, split_summary, summarize, with_content_hash
+from fedcme_core.results.metrics import history_csv, split_summary, summarize, with_content_hash
 
 # Accuracies and losses are multiples of 1/8, so sums are exact and each mean is the
 # correctly rounded quotient: the same float as the decimal literal in the assertions.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedcme_core.models import build_model, classifier_keys, extractor_keys, resolve_device
+from fedcme_core.client.models import build_model, classifier_keys, extractor_keys, resolve_device
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedcme_core.config import ConfigError
-from fedcme_core.params import load_params
-from flows.dvc_params import check_dvc_params, needed_params
+from fedcme_core.config.schema import ConfigError
+from fedcme_core.config.params import load_params
+from flows.pipeline.dvc_params import check_dvc_params, needed_params
 
 from .conftest import REPO_ROOT
 from .helpers import copy_repository
@@ -52,6 +52,7 @@ def run(command: list[str], cwd: Path, environment: dict) -> str:
     return result.stdout + result.stderr
 
 
+@pytest.mark.slow  # a real `dvc repro` of prepare and partition on Fashion-MNIST, per grid file
 @pytest.mark.parametrize("path", GRID_FILES, ids=GRID_IDS)
 def test_first_partition_stage_of_grid_file_reproduces(tmp_path, mirror, path):
     copy_repository(REPO_ROOT, tmp_path, path)
@@ -173,6 +174,7 @@ def cli(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # `fedcme check` as commands
 def test_check_command_passes_the_shipped_files_and_names_a_typo(tmp_path):
     shipped = cli(["check", *map(str, GRID_FILES), "--dvc-yaml", str(REPO_ROOT / "dvc.yaml")], tmp_path)
     typo = cli(["check", str(write_variant(tmp_path, "\ngrid:", "\ngird:"))], tmp_path)
@@ -183,12 +185,13 @@ def test_check_command_passes_the_shipped_files_and_names_a_typo(tmp_path):
     assert typo.stderr.strip().splitlines() == [f"fedcme: error: {tmp_path / 'params.yaml'}: grid: missing; gird: unknown key"]
 
 
+@pytest.mark.slow  # `fedcme train` and the stage as commands
 def test_train_and_stages_refuse_a_typo_before_writing_anything(tmp_path):
     path = write_variant(tmp_path, "\ngrid:", "\ngird:")
     before = set(tmp_path.iterdir())
 
     train = cli(["train", "--config", str(path), "--experiment", "typo"], tmp_path)
-    stage = subprocess.run([sys.executable, "-m", "flows.stages", "--params", str(path), "partition", "--dataset", "fmnist",
+    stage = subprocess.run([sys.executable, "-m", "flows.pipeline.stages", "--params", str(path), "partition", "--dataset", "fmnist",
                             "--partition", "a0.1", "--clients", "50", "--seed", "0"], cwd=tmp_path,
                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=300)
 

@@ -1,4 +1,4 @@
-"""Tests for fedcme_core.partition: label-dir, iid and log-normal Dirichlet partitions, artifacts."""
+"""Tests for fedcme_core.data.partition: label-dir, iid and log-normal Dirichlet partitions, artifacts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedcme_core.partition import (
+from fedcme_core.data.partition import (
     PartitionError,
     class_counts,
     dirichlet_label_partition,
@@ -19,7 +19,7 @@ from fedcme_core.partition import (
     lognormal_dirichlet_partition,
     partition_labels,
 )
-from fedcme_core.partition_file import Partition, labels_sha256, load_partition, save_partition
+from fedcme_core.data.partition_file import Partition, labels_sha256, load_partition, save_partition
 
 METHODS = ("dirichlet", "iid", "lognormal_dirichlet")
 

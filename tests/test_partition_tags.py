@@ -1,20 +1,21 @@
-"""The grid's partition dimension (fedcme_core.partition_tags) and a method's `setup`, in a grid cell's config."""
+"""The grid's partition dimension (fedcme_core.config.partition_tags) and a method's `setup`, in a grid cell's config."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from fedcme_core.config import ConfigError, PartitionConfig
-from fedcme_core.params import params_from_dict, setting_label
-from fedcme_core.partition_tags import (
+from fedcme_core.config.schema import ConfigError, PartitionConfig
+from fedcme_core.config.params import params_from_dict
+from fedcme_core.config.sections import setting_label
+from fedcme_core.config.partition_tags import (
     entry_partition_tag,
     parse_partition_tag,
     partition_description,
     partition_label,
     partition_overrides,
 )
-from flows.stages import build_parser, experiment_name, partition_name
+from flows.pipeline.stages import build_parser, experiment_name, partition_name
 
 from .conftest import REPO_ROOT
 

@@ -13,10 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from .conftest import REPO_ROOT
 from .helpers import copy_repository
 from .processes import sigint_as_in_a_terminal, wait_until_none_left
+
+# Real `dvc repro` runs of the smoke grid on Fashion-MNIST, temporary Prefect servers, signals.
+pytestmark = pytest.mark.slow
 
 EXPERIMENTS = ["fmnist-a0.5-k100m2-fedavg-s0", "fmnist-a0.5-k100m2-fedcme-mu001-s0", "fmnist-a0.5-k100m2-scaffold-s0",
                "fmnist-a0.5-k100m2-fedcme-no-exchange-s0"]
@@ -107,6 +111,60 @@ def test_second_repro_does_nothing(pipeline):
     output = run(["dvc", "repro"], workdir, environment)
 
     assert stages_run(output) == []
+
+
+GRID_PARENTS = "tags.run_kind = 'grid' and tags.grid = 'smoke'"
+
+
+def grid_runs(workdir: Path) -> tuple[MlflowClient, str, list]:
+    """MLflow's client of the checkout's store, the grid's MLflow experiment and its parent runs, oldest first."""
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name("fedcme").experiment_id
+    parents = client.search_runs([experiment_id], GRID_PARENTS, order_by=["attributes.start_time ASC"])
+    return client, experiment_id, parents
+
+
+def children_of(client: MlflowClient, experiment_id: str, parent_id: str) -> dict[str, str]:
+    """{experiment: run id} of the runs nested under `parent_id` (MLflow's mlflow.parentRunId tag)."""
+    return {run.data.tags["experiment"]: run.info.run_id
+            for run in client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")}
+
+
+def recorded_runs(workdir: Path) -> dict[str, str]:
+    """{experiment: MLflow run id} as the grid's run directories record them."""
+    return {name: json.loads((workdir / "runs" / name / "mlflow.json").read_text())["run_id"] for name in EXPERIMENTS}
+
+
+def test_the_grid_run_is_one_mlflow_parent_with_its_experiments_nested_and_the_report(pipeline):
+    workdir, environment, output = pipeline
+
+    client, experiment_id, parents = grid_runs(workdir)
+
+    (parent,) = parents  # the second `dvc repro` ran nothing, and made no other
+    assert parent.info.status == "FINISHED"
+    commit = run(["git", "rev-parse", "HEAD"], workdir, environment).strip()
+    assert {key: parent.data.tags.get(key) for key in ("grid", "commit", "params_file")} == {
+        "grid": "smoke", "commit": commit, "params_file": "params.yaml"}
+    assert f"MLflow: the grid's parent run '{parent.info.run_name}' holds 4 experiment runs: " in output
+    children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(child.data.tags["experiment"] for child in children) == sorted(EXPERIMENTS)
+    assert {child.info.run_id for child in children} == set(recorded_runs(workdir).values())
+    for child in children:  # each experiment's own run, with its grouped per-round metrics
+        assert child.info.status == "FINISHED"
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "eval/test_accuracy")] == [1, 2]
+        assert {"train/loss", "final_accuracy"} <= set(child.data.metrics)
+    # The report: the table, the CSV, the figures and the summary files as artifacts of the parent.
+    assert [item.path for item in client.list_artifacts(parent.info.run_id, "reports")] == [
+        "reports/figures", "reports/results.csv", "reports/results.md", "reports/summary"]
+    figures = [item.path for item in client.list_artifacts(parent.info.run_id, "reports/figures")]
+    assert {"reports/figures/accuracy.png", "reports/figures/accuracy-ablation.png"} <= set(figures)
+    # The summary metrics per method, fractions as the report's summary files hold them (one seed: no std).
+    for method in METHODS:
+        summary = json.loads((workdir / "reports" / "summary" / f"{method}.json").read_text())
+        assert parent.data.metrics[f"final_accuracy/{method}"] == pytest.approx(summary["final_accuracy"])
+        assert 0 < parent.data.metrics[f"final_accuracy/{method}"] <= 1
+        assert parent.data.metrics[f"seeds/{method}"] == 1
+    assert not any(name.startswith("final_accuracy_std/") for name in parent.data.metrics)
 
 
 def test_check_run_passes_a_finished_grid_and_names_what_is_missing(pipeline):
@@ -265,6 +323,29 @@ def test_partition_output_is_byte_identical_across_runs(pipeline):
     assert after == before
 
 
+@pytest.mark.slow
+def test_dvc_exp_run_of_the_same_grid_reuses_its_parent_and_a_changed_grid_has_its_own(pipeline):
+    workdir, environment, _ = pipeline
+    client, experiment_id, before = grid_runs(workdir)
+    runs = recorded_runs(workdir)
+    # The earlier tests changed FedCME(0.01)'s mu: another grid run, whose report adopted the runs it reused.
+    first, second = before
+    assert first.data.tags["grid_key"] != second.data.tags["grid_key"]
+    assert children_of(client, experiment_id, second.info.run_id) == runs
+    (replaced,) = children_of(client, experiment_id, first.info.run_id).items()
+    assert replaced[0] == EXPERIMENTS[1] and replaced[1] != runs[EXPERIMENTS[1]]  # the run with the old mu
+
+    # The same commit and params through `dvc exp run`: a train stage and the report find the same parent.
+    output = run(["dvc", "exp", "run", "--force", "--single-item", "train@fedavg-fmnist-a0.5-clients0-0", "report"],
+                 workdir, environment)
+
+    assert stages_run(output) == ["train@fedavg-fmnist-a0.5-clients0-0", "report"]
+    client, experiment_id, after = grid_runs(workdir)
+    assert [parent.info.run_id for parent in after] == [first.info.run_id, second.info.run_id]
+    assert client.get_run(second.info.run_id).info.status == "FINISHED"
+    assert children_of(client, experiment_id, second.info.run_id) == recorded_runs(workdir) == runs  # resumed, not new
+
+
 def repro_checkout(tmp_path: Path, mirror: Path) -> tuple[Path, dict]:
     """A copy of the repository with the smoke grid, and an environment with no Prefect API configured."""
     workdir = tmp_path / "repo"
@@ -285,12 +366,12 @@ def repro_checkout(tmp_path: Path, mirror: Path) -> tuple[Path, dict]:
 
 
 def test_make_runs_repro_starts_one_prefect_server_for_every_stage(tmp_path, mirror):
-    # `make run` runs `python -m flows.repro`: with no Prefect API configured, one temporary server
+    # `make run` runs `python -m flows.pipeline.repro`: with no Prefect API configured, one temporary server
     # serves every stage (none starts its own), and nothing outlives the command.
     workdir, environment = repro_checkout(tmp_path, mirror)
     stage = "train@fedavg-fmnist-a0.5-clients0-0"
 
-    output = run([sys.executable, "-m", "flows.repro", stage], workdir, environment)
+    output = run([sys.executable, "-m", "flows.pipeline.repro", stage], workdir, environment)
 
     assert stages_run(output) == ["prepare@fmnist", "partition@fmnist-a0.5-clients0-0", stage]
     assert output.count("uses a temporary Prefect server") == 1
@@ -300,16 +381,21 @@ def test_make_runs_repro_starts_one_prefect_server_for_every_stage(tmp_path, mir
     assert "[grid] 1 experiment to train" in output
     assert re.search(rf"\[grid\] 1 of 1 done: {EXPERIMENTS[0]}: final accuracy \d+\.\d\d%, elapsed \S+, grid done",
                      output), output
+    # The grid run's parent MLflow run, its experiment nested under it; no report yet, so still running.
+    client, experiment_id, parents = grid_runs(workdir)
+    (parent,) = parents
+    assert parent.info.status == "RUNNING" and parent.data.tags["commit"] == "unknown"  # a repository with no commit
+    assert list(children_of(client, experiment_id, parent.info.run_id)) == [EXPERIMENTS[0]]
     assert wait_until_none_left(f"PREFECT_HOME={tmp_path / 'prefect-home'}", timeout=30) == []
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_stops_repro_its_stage_and_its_server_within_seconds(tmp_path, mirror, signal_number):
-    # Ctrl-C signals the terminal's foreground group (make, flows.repro); flows.repro passes a SIGTERM
+    # Ctrl-C signals the terminal's foreground group (make, flows.pipeline.repro); flows.pipeline.repro passes a SIGTERM
     # to dvc's group (dvc, the train stage), and the server, in a session of its own, stays up until
     # the stage has recorded its end, then stops.
     workdir, environment = repro_checkout(tmp_path, mirror)
-    process = subprocess.Popen([sys.executable, "-m", "flows.repro"], cwd=workdir, env=environment, text=True,
+    process = subprocess.Popen([sys.executable, "-m", "flows.pipeline.repro"], cwd=workdir, env=environment, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                preexec_fn=sigint_as_in_a_terminal)
     lines: list[str] = []

@@ -21,7 +21,7 @@ import yaml
 from flows.errors import OrchestratorError
 from flows.prefect_server import TemporaryServer, temporary_prefect_server
 from flows.shared_stores import FirstUse
-from .conftest import REPO_ROOT, SYNTHETIC
+from .conftest import REPO_ROOT, SYNTHETIC, USED_STORES
 from .processes import children, is_gone, processes_with_environment
 
 
@@ -31,11 +31,13 @@ def environment_without_api(prefect_home: Path) -> dict[str, str]:
     return environment
 
 
+@pytest.mark.slow
 def test_train_without_an_api_url_runs_on_its_own_server_and_stops_it(tmp_path):
     home = tmp_path / "prefect-home"
     config = tmp_path / "tiny.yaml"
     values = {**SYNTHETIC, "federation": {"num_clients": 4, "clients_per_round": 2, "rounds": 1}}
     config.write_text(yaml.safe_dump(values))
+    USED_STORES.seed(prefect_home=home, mlflow_db=tmp_path / "mlflow.db")  # set up as by an earlier command
     command = [sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--experiment", "own-server",
                "--runs-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
     result = subprocess.run(command, cwd=tmp_path, env=environment_without_api(home), capture_output=True, text=True,
@@ -58,6 +60,7 @@ def test_train_without_an_api_url_runs_on_its_own_server_and_stops_it(tmp_path):
     assert processes_with_environment(f"PREFECT_HOME={home}") == []
 
 
+@pytest.mark.slow
 def test_the_server_stops_when_the_command_is_killed(tmp_path):
     script = textwrap.dedent("""
         import time
@@ -110,6 +113,7 @@ with temporary_prefect_server() as server:
 """
 
 
+@pytest.mark.slow
 def test_a_server_started_while_another_command_sets_the_database_up_waits_for_it(tmp_path):
     home = tmp_path / "home"
     setup = FirstUse(home / "prefect.db", "prefect", prefect.__version__)
@@ -128,6 +132,7 @@ def test_a_server_started_while_another_command_sets_the_database_up_waits_for_i
     assert setup.is_done()  # the server that set the database up recorded it
 
 
+@pytest.mark.slow
 def test_servers_started_at_once_on_a_fresh_prefect_home_all_start(tmp_path):
     home, go = tmp_path / "home", tmp_path / "go"
     commands = [subprocess.Popen([sys.executable, "-c", WAIT_FOR_SERVER, str(go)], cwd=REPO_ROOT,

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from fedcme_core.config import ConfigError
-from fedcme_core.metrics import with_content_hash
-from flows.report_inputs import load_metrics
+from fedcme_core.config.schema import ConfigError
+from fedcme_core.results.metrics import with_content_hash
+from flows.report.inputs import load_metrics
 
 from .conftest import REPO_ROOT
 from .test_report import LOW, metrics_entry, write_metrics_folder

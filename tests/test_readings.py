@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedcme_core.checkpoints import load_checkpoint
-from fedcme_core.config import ConfigError, config_from_dict
-from fedcme_core.exchange import exchange_checkpoints, receive_optimizer_state
-from fedcme_core.features import GlobalFeatures, aggregate_global_features, alignment_loss
-from fedcme_core.models import build_model, classifier_keys, parameter_split
-from fedcme_core.partition import PartitionError, class_counts, client_label_sets, labels_per_client_partition
+from fedcme_core.common.checkpoints import load_checkpoint
+from fedcme_core.config.schema import ConfigError, config_from_dict
+from fedcme_core.server.exchange import exchange_checkpoints, receive_optimizer_state
+from fedcme_core.client.features import GlobalFeatures, aggregate_global_features, alignment_loss
+from fedcme_core.client.models import build_model, classifier_keys, parameter_split
+from fedcme_core.data.partition import PartitionError, class_counts, client_label_sets, labels_per_client_partition
 from fedcme_core.rounds import final_model, load_server_state, run_experiment, run_partition
-from fedcme_core.seeding import numpy_rng
-from fedcme_core.training import start_local_run
+from fedcme_core.common.seeding import numpy_rng
+from fedcme_core.client.training import start_local_run
 
 from .helpers import TRAINING, phase_one_checkpoints, tiny_client_data, train
 
@@ -238,7 +238,7 @@ def test_fedcme_rounds_with_every_reading_on(tmp_path, synthetic_config):
     history = run_experiment(readings, tmp_path / "readings")
     run_experiment(today, tmp_path / "today")
 
-    assert all(len(record["pairs"]) == 2 for record in history)
+    assert all(len(record["algorithm"]["pairs"]) == 2 for record in history)
     features = load_server_state(tmp_path / "readings", 2)["algorithm"]["global_features"]
     assert features["values"].shape == (10, final_model(readings, tmp_path / "readings").feature_dim)
     partition, counts = run_partition(readings, tmp_path / "readings")

@@ -1,4 +1,4 @@
-"""Tests of the results report (flows.report, flows.report_tables, flows.seed_stats, flows.report_figures)."""
+"""Tests of the results report (flows.report.build, flows.report.tables, flows.report.seed_stats, flows.report.figures)."""
 
 from __future__ import annotations
 
@@ -11,23 +11,24 @@ import numpy as np
 import pytest
 import yaml
 
-from fedcme_core.metrics import history_csv, split_summary, with_content_hash
-from flows.report import main, write_report
-from flows.report_inputs import load_matching, load_metrics, matching_runs
-from flows.report_dvc import compare_table, curve_tables, summary_metrics
-from flows.report_figures import FIGURE_DPI, matching_png, seed_band
-from flows.report_published import published_table
-from flows.report_tables import (
+from fedcme_core.results.metrics import history_csv, split_summary, with_content_hash
+from flows.report.build import main, write_report
+from flows.report.inputs import load_matching, load_metrics, matching_runs
+from flows.report.compare import compare_table, curve_tables, summary_metrics
+from flows.report.figures import FIGURE_DPI, matching_png, seed_band
+from flows.report.published import published_table
+from flows.report.tables import (
     ablation_entries,
     accuracy_table,
     paired_table,
     speed_table,
     where_fedcme_does_not_win,
 )
-from flows.report import cell_columns
-from flows.seed_stats import ACCURACY_KEYS, CSV_COLUMNS, PairedDifference, SeedStats, p_text, summary_csv
-from flows.stages import experiment_name
-from fedcme_core.params import PUBLISHED_MEASURES, PublishedFigure, params_from_dict
+from flows.report.build import cell_columns
+from flows.report.seed_stats import ACCURACY_KEYS, CSV_COLUMNS, PairedDifference, SeedStats, p_text, summary_csv
+from flows.pipeline.stages import experiment_name
+from fedcme_core.config.params import params_from_dict
+from fedcme_core.config.sections import PUBLISHED_MEASURES, PublishedFigure
 
 from .conftest import REPO_ROOT
 

@@ -1,10 +1,10 @@
-"""flows.report_claims: the paper's claims checked on tiny hand-computed grids."""
+"""flows.report.claims: the paper's claims checked on tiny hand-computed grids."""
 
 from __future__ import annotations
 
-from fedcme_core.params import MethodEntry
-from flows.report import write_report
-from flows.report_claims import claims_section, method_roles
+from fedcme_core.config.sections import MethodEntry
+from flows.report.build import write_report
+from flows.report.claims import claims_section, method_roles
 
 from .test_report import LOW, metrics_entry, write_metrics_folder
 

@@ -13,7 +13,7 @@ from fedcme_core.algorithms.scaffold import (
     client_control_update,
     server_control_update,
 )
-from fedcme_core.checkpoints import load_checkpoint
+from fedcme_core.common.checkpoints import load_checkpoint
 from fedcme_core.rounds import RunPaths, final_model, load_server_state, run_experiment
 
 from .helpers import LinearSplitModel, same_state

@@ -1,4 +1,4 @@
-"""Golden values of fedcme_core.seeding: every random choice of a run rests on them, so a change
+"""Golden values of fedcme_core.common.seeding: every random choice of a run rests on them, so a change
 to the derivation (or to the libraries' generators under it) shows here first."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedcme_core.seeding import derive_seed, numpy_rng, torch_generator
+from fedcme_core.common.seeding import derive_seed, numpy_rng, torch_generator
 
 
 @pytest.mark.parametrize(("seed", "tags", "expected"), [

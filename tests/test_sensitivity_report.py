@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedcme_core.config_files import ConfigError
-from fedcme_core.metrics import split_summary, with_content_hash
-from fedcme_core.params import ReportSection, load_params, params_from_dict
-from flows import report_sensitivity as rs
-from flows.report_inputs import load_metrics
-from flows.seed_stats import PairedDifference
+from fedcme_core.config.files import ConfigError
+from fedcme_core.results.metrics import split_summary, with_content_hash
+from fedcme_core.config.params import load_params, params_from_dict
+from fedcme_core.config.sections import ReportSection
+from flows.report import sensitivity as rs
+from flows.report.inputs import load_metrics
+from flows.report.seed_stats import PairedDifference
 
 from .conftest import REPO_ROOT
 

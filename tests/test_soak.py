@@ -7,10 +7,15 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
+from fedcme_core.config import load_config
 from fedcme_core.rounds import completed_rounds
 from flows.train import run_training
 
 from .conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # 50 rounds through the session's Prefect server and an MLflow store
 
 ROUNDS = 50
 # Allowed growth of resident memory from rounds 10-15 to the last rounds. Measured here: about
@@ -45,7 +50,7 @@ def test_resident_memory_stays_flat_over_many_rounds(tmp_path, prefect_server):
         "runner.workers": 2,
     }
     try:
-        summary = run_training(str(REPO_ROOT / "configs" / "smoke.yaml"), "soak", overrides=overrides,
+        summary = run_training(load_config(REPO_ROOT / "configs" / "smoke.yaml", overrides=overrides), "soak",
                                runs_dir=str(tmp_path / "runs"), tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     finally:
         done.set()

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from fedcme_core.algorithms.fedcme import AlignmentHooks, FedCMEConfig
-from fedcme_core.checkpoints import CheckpointError, save_checkpoint
-from fedcme_core.features import GlobalFeatures
-from fedcme_core.models import build_model
-from fedcme_core.training import load_local_run, save_local_run
+from fedcme_core.common.checkpoints import CheckpointError, save_checkpoint
+from fedcme_core.client.features import GlobalFeatures
+from fedcme_core.client.models import build_model
+from fedcme_core.client.training import load_local_run, save_local_run
 
 from .helpers import TRAINING, fresh_run, same_state, tiny_client_data, train
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from fedcme_core.config import ConfigError, config_from_dict
+from fedcme_core.config import load_config
+from fedcme_core.config.schema import ConfigError, config_from_dict
 from flows.names import method_label, mlflow_experiment_for, run_name
 from flows.tracking import git_commit
 from flows.train import run_training
@@ -28,10 +29,11 @@ def prefect_views(flow_run_id: str):
     return run, {artifact.key: artifact for artifact in artifacts}
 
 
+@pytest.mark.slow
 def test_a_grid_cell_is_found_by_its_tags_with_its_summary_figure_system_metrics_and_registered_model(
         tmp_path, prefect_server):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    summary = run_training(SMOKE, "views", overrides={"tracking.system_metrics_interval": 1.0},
+    summary = run_training(load_config(SMOKE, overrides={"tracking.system_metrics_interval": 1.0}), "views",
                            runs_dir=str(tmp_path / "runs"), tracking_uri=uri, method_label="FedCME (ours)",
                            grid="paper")
     client = MlflowClient(tracking_uri=uri)
@@ -64,11 +66,13 @@ def test_a_grid_cell_is_found_by_its_tags_with_its_summary_figure_system_metrics
     assert f"{summary['final_accuracy']:.4f}" in artifacts["training-summary"].data
 
 
+@pytest.mark.slow
 def test_without_system_metrics_and_with_a_registered_model(tmp_path, prefect_server):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = {"tracking.system_metrics": False, "tracking.register_model": "fedcme-smoke-model",
                  "federation.rounds": 1}
-    summary = run_training(SMOKE, "plain", overrides=overrides, runs_dir=str(tmp_path / "runs"), tracking_uri=uri)
+    summary = run_training(load_config(SMOKE, overrides=overrides), "plain", runs_dir=str(tmp_path / "runs"),
+                           tracking_uri=uri)
     client = MlflowClient(tracking_uri=uri)
 
     run = client.get_run(summary["mlflow_run_id"])

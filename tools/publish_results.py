@@ -26,12 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedcme_core.metrics import split_summary  # noqa: E402
-from fedcme_core.params import load_params  # noqa: E402
-from flows.report import cell_columns, write_report  # noqa: E402
-from flows.report_inputs import load_metrics  # noqa: E402
-from flows.report_published import published_figures  # noqa: E402
-from flows.stages import experiment_name, write_json  # noqa: E402
+from fedcme_core.results.metrics import split_summary  # noqa: E402
+from fedcme_core.config.params import load_params  # noqa: E402
+from flows.report.build import cell_columns, write_report  # noqa: E402
+from flows.report.inputs import load_metrics  # noqa: E402
+from flows.report.published import published_figures  # noqa: E402
+from flows.pipeline.stages import experiment_name, write_json  # noqa: E402
 
 DOCS = Path("docs")
 

@@ -7,7 +7,7 @@
 Reads the published metrics of the grid (``<results>/<report.name>/``) and of the other grids its
 factors name (``<results>/<grid>/``, e.g. sensitivity-c2), and writes the Markdown report (the setting,
 what each factor is, the final accuracies, the paired differences (a)-(d) of
-:mod:`flows.report_sensitivity`, the factors that moved on seed 0, the curves and "## The answer"), the
+:mod:`flows.report.sensitivity`, the factors that moved on seed 0, the curves and "## The answer"), the
 figure of the curves, and the CSV with one row per factor and comparison. A run not published yet
 is shown as missing, so the report is rebuilt as runs arrive. Run it after each
 ``tools/publish_results.py --grid sensitivity``, which writes the grid's generic report to the same
@@ -25,13 +25,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedcme_core.checkpoints import atomic_write_bytes  # noqa: E402
-from fedcme_core.config import flatten  # noqa: E402
-from fedcme_core.params import ParamsFile, load_params, setting_label  # noqa: E402
-from fedcme_core.params_factors import other_grid_file  # noqa: E402
-from flows import report_sensitivity as rs  # noqa: E402
-from flows.report_inputs import load_metrics  # noqa: E402
-from flows.report_sensitivity_figure import factor_panels_png  # noqa: E402
+from fedcme_core.common.checkpoints import atomic_write_bytes  # noqa: E402
+from fedcme_core.config.schema import flatten  # noqa: E402
+from fedcme_core.config.params import ParamsFile, load_params  # noqa: E402
+from fedcme_core.config.sections import setting_label  # noqa: E402
+from fedcme_core.config.factors import other_grid_file  # noqa: E402
+from flows.report import sensitivity as rs  # noqa: E402
+from flows.report.inputs import load_metrics  # noqa: E402
+from flows.report.sensitivity_figure import factor_panels_png  # noqa: E402
 
 IGNORED_CHANGES = ("seed",)
 

@@ -1,29 +1,71 @@
 """Algorithms as hooks (see ``base.Algorithm``), and the one registry of them.
 
-Each module declares its algorithm class, whose ``config_class`` (the model of its ``algorithm:``
-section, in the torch-free :mod:`fedcme_core.algorithm_configs`) gives its name, the config's
-``name`` literal; adding an algorithm is one config class there, one module and one line here.
+Adding an algorithm is one new module here and one line in ``ALGORITHMS`` below. The module
+defines the algorithm's config class (a :class:`~fedcme_core.common.frozen.Frozen` pydantic model
+of its ``algorithm:`` section, whose ``name`` literal is the algorithm's name) and its
+:class:`~.base.Algorithm` subclass, which names that class (``config_class``) and overrides the
+hooks it needs. Everything else is derived from the registry, here: the names
+(``ALGORITHM_NAMES``) and the discriminated union of the config classes (``AlgorithmConfig``),
+which the experiment config (``fedcme_core.config.schema``) and the params files use, and
+:func:`build_algorithm`, which the round code uses.
+
+Importing this package imports no torch (:mod:`fedcme_core.common.lazy`): a config is validated
+before torch loads.
 """
 
 from __future__ import annotations
 
-from ..algorithm_configs import ALGORITHM_NAMES, AlgorithmConfig
-from .base import Algorithm, ClientContext, Matching, Upload
-from .fedavg import FedAvg
-from .fedcme import FedCME
-from .fedprox import FedProx
-from .fedrs import FedRS
-from .moon import Moon
-from .scaffold import Scaffold
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, Union
 
-ALGORITHM_CLASSES: tuple[type[Algorithm], ...] = (FedAvg, FedProx, Moon, FedRS, FedCME, Scaffold)
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in ALGORITHM_CLASSES}
+from pydantic import Field
+
+from fedcme_core.algorithms.base import Algorithm, ClientContext, Matching, Phase, Upload, round_phases
+from fedcme_core.algorithms.fedavg import FedAvg
+from fedcme_core.algorithms.fedcme import FedCME
+from fedcme_core.algorithms.fedprox import FedProx
+from fedcme_core.algorithms.fedrs import FedRS
+from fedcme_core.algorithms.moon import Moon
+from fedcme_core.algorithms.scaffold import Scaffold
+from fedcme_core.common.frozen import Frozen
 
 
-def build_algorithm(config) -> Algorithm:
+def registry(classes: Iterable[type[Algorithm]]) -> dict[str, type[Algorithm]]:
+    """name -> Algorithm class, in the order given; each class must name a config class, and no two
+    the same name."""
+    algorithms: dict[str, type[Algorithm]] = {}
+    for cls in classes:
+        if "config_class" not in cls.__dict__:
+            raise TypeError(f"{cls.__name__} names no config_class (the model of its `algorithm:` section)")
+        if cls.name in algorithms:
+            raise ValueError(f"algorithm name {cls.name!r} is taken by {algorithms[cls.name].__name__}")
+        algorithms[cls.name] = cls
+    return algorithms
+
+
+def config_union(algorithms: Mapping[str, type[Algorithm]]) -> Any:
+    """The `algorithm:` section's type: one of the registered config classes, chosen by `name`."""
+    return Annotated[Union[tuple(cls.config_class for cls in algorithms.values())], Field(discriminator="name")]
+
+
+# The registry: one line per algorithm.
+ALGORITHMS: dict[str, type[Algorithm]] = registry([
+    FedAvg,
+    FedProx,
+    Moon,
+    FedRS,
+    FedCME,
+    Scaffold,
+])
+ALGORITHM_NAMES: tuple[str, ...] = tuple(ALGORITHMS)
+ALGORITHM_CONFIGS: tuple[type[Frozen], ...] = tuple(cls.config_class for cls in ALGORITHMS.values())
+AlgorithmConfig = config_union(ALGORITHMS)
+
+
+def build_algorithm(config: Frozen) -> Algorithm:
     """The Algorithm for an `algorithm:` config section (selected by its `name`)."""
     return ALGORITHMS[config.name](config)
 
 
-__all__ = ["ALGORITHMS", "ALGORITHM_NAMES", "Algorithm", "AlgorithmConfig", "ClientContext", "Matching", "Upload",
-           "build_algorithm"]
+__all__ = ["ALGORITHMS", "ALGORITHM_CONFIGS", "ALGORITHM_NAMES", "Algorithm", "AlgorithmConfig", "ClientContext",
+           "Matching", "Phase", "Upload", "build_algorithm", "config_union", "registry", "round_phases"]

@@ -4,19 +4,23 @@ Flower's strategies and fedjax's algorithms are the model: one base whose defaul
 FedAvg's (McMahan et al., 2017: cross-entropy only, no matching, the server averages the
 models by data size and keeps nothing else), and each algorithm overrides a few hooks.
 
-Client side: :class:`~fedcme_core.training.ClientHooks` (``extra_loss``, ``transform_logits``,
+Client side: :class:`~fedcme_core.client.hooks.ClientHooks` (``extra_loss``, ``transform_logits``,
 ``after_step``), built per client and round from a :class:`ClientContext` (what the client
 receives), then ``client_report`` (what it uploads besides its model) and ``client_state``
 (what is kept for it until its next round: MOON's previous model, SCAFFOLD's c_i).
 Server side: ``initial_server_state`` and ``aggregate_state`` (the algorithm's own server
 state: FedCME's global features and evaluation vectors, SCAFFOLD's c), ``match`` (who
-exchanges with whom), ``phases`` and ``exchange`` (what is exchanged after floor(E/2) epochs),
-and ``round_record`` (what the round's record carries from the uploads).
+exchanges with whom), ``phases`` (the local epochs' split: one phase, or any number, with an
+``exchange`` at each boundary; FedCME's two meet at floor(E/2)), and ``round_record`` (the
+round record's section the algorithm owns: FedCME's pairs and evaluation vectors).
 
 The round code (``fedcme_core.rounds``) calls these hooks and interprets no algorithm flag.
-An algorithm module names its config class once (``config_class``, from the torch-free
-``fedcme_core.algorithm_configs``, where the config union and the name list live); the name is
-that config's ``name`` literal, and ``algorithms/__init__.py`` holds the registry.
+An algorithm module defines its config class (a :class:`~fedcme_core.common.frozen.Frozen` model of
+its ``algorithm:`` section) and its Algorithm subclass, which names it once (``config_class``);
+the algorithm's name is that config's ``name`` literal, and ``algorithms/__init__.py`` holds the
+registry. The modules import without torch (the config's algorithm union is derived from the
+registry, and a config is validated before torch loads): torch and the torch-bound modules below
+are bound with :func:`~fedcme_core.common.lazy.lazy_module` and imported when a hook first runs.
 """
 
 from __future__ import annotations
@@ -25,16 +29,25 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
-import numpy as np
-import torch
+from fedcme_core.client.hooks import ClientHooks
+from fedcme_core.common.frozen import Frozen
+from fedcme_core.common.lazy import lazy_module
 
-from ..exchange import exchange_checkpoints
-from ..models import SplitModel
-from ..training import ClientHooks
+np = lazy_module("numpy")
+torch = lazy_module("torch")
+models = lazy_module("fedcme_core.client.models")
+server_exchange = lazy_module("fedcme_core.server.exchange")
 
 ServerState = Mapping[str, Any]  # an algorithm's own server state: tensors and plain containers
+
+
+class Phase(NamedTuple):
+    """One local phase of a round: the client's local epochs `first` (done when it starts) to `last`."""
+
+    first: int
+    last: int
 
 
 @dataclass(frozen=True)
@@ -73,7 +86,7 @@ class Algorithm:
     """FedAvg, and the base every other algorithm overrides a few hooks of."""
 
     name: ClassVar[str] = "fedavg"
-    config_class: ClassVar[type]  # the pydantic model of its `algorithm:` section (set by each module)
+    config_class: ClassVar[type[Frozen]]  # the pydantic model of its `algorithm:` section (set by each module)
     exchange_part: str = "none"  # none | classifier | extractor | model
     exchange_optimizer: str = "reset"  # the received part's momentum: reset | swap
 
@@ -86,11 +99,12 @@ class Algorithm:
         self.config = config
 
     # ---------------------------------------------------------------- the round's shape
-    def phases(self, local_epochs: int) -> list[tuple[int, int]]:
-        """(first, last) epoch of each local phase; an exchanging algorithm splits at floor(E/2)."""
+    def phases(self, local_epochs: int) -> list[Phase]:
+        """The local phases, in order, from epoch 0 to E (:func:`round_phases` checks them); the
+        round exchanges at each boundary. An exchanging algorithm splits at floor(E/2)."""
         if self.exchange_part == "none":
-            return [(0, local_epochs)]
-        return [(0, local_epochs // 2), (local_epochs // 2, local_epochs)]
+            return [Phase(0, local_epochs)]
+        return [Phase(0, local_epochs // 2), Phase(local_epochs // 2, local_epochs)]
 
     def match(self, selected: Sequence[int], server: ServerState, *, seed: int, round_index: int) -> Matching:
         """Who exchanges with whom this round (Algorithm 1, line 8); nobody by default."""
@@ -98,16 +112,18 @@ class Algorithm:
 
     def exchange(self, sources: Mapping[int, Path], donors: Mapping[int, int],
                  destinations: Mapping[int, Path]) -> list[int]:
-        """SPEC step 5 at the barrier: each receiver's swap checkpoint gets its donor's part."""
+        """SPEC step 5 at a phase boundary (a barrier): each receiver's swap checkpoint gets its
+        donor's part; returns the receivers."""
         if not donors:
             return []
-        return exchange_checkpoints(sources, donors, self.exchange_part, destinations, self.exchange_optimizer)
+        return server_exchange.exchange_checkpoints(sources, donors, self.exchange_part, destinations,
+                                                    self.exchange_optimizer)
 
     # --------------------------------------------------------------------- client side
-    def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
+    def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:
         return ClientHooks()
 
-    def client_report(self, model: SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
+    def client_report(self, model: models.SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
                       context: ClientContext, hooks: ClientHooks) -> dict[str, Any]:
         """What the client uploads besides its model and sample count (SPEC step 7), after
         training; `inputs` [D_k, C_in, H, W] and `labels` [D_k] are its whole local data."""
@@ -127,12 +143,25 @@ class Algorithm:
         """SPEC step 8 for the algorithm's own state (the model average is the round's)."""
         return dict(server)
 
-    def round_record(self, uploads: Sequence[Upload]) -> dict[str, Any]:
-        """What the round's record keeps from the uploads: the evaluation vectors behind the matching."""
-        return {"evaluation_vectors": {}}
+    def round_record(self, matching: Matching, uploads: Sequence[Upload]) -> dict[str, Any]:
+        """The round record's section this algorithm owns (``RoundRecord.algorithm``: plain JSON
+        data), from the round's matching and its accepted uploads; nothing by default."""
+        return {}
 
 
-def frozen_copy(model: SplitModel, state: Mapping[str, torch.Tensor]) -> SplitModel:
+def round_phases(algorithm: Algorithm, local_epochs: int) -> list[Phase]:
+    """The algorithm's phases, checked: at least one, each of at least one epoch, each starting
+    where the one before ended, from epoch 0 to `local_epochs`."""
+    phases = [Phase(*phase) for phase in algorithm.phases(local_epochs)]
+    ends = [0, *(phase.last for phase in phases)]
+    if not phases or any(phase.first != end or phase.last <= phase.first for phase, end in zip(phases, ends)) \
+            or ends[-1] != local_epochs:
+        raise ValueError(f"{algorithm.name}: local phases {[tuple(phase) for phase in phases]} do not run one after "
+                         f"another from epoch 0 to {local_epochs} (E), each at least one epoch long")
+    return phases
+
+
+def frozen_copy(model: models.SplitModel, state: Mapping[str, torch.Tensor]) -> models.SplitModel:
     """An eval-mode, gradient-free model of the same architecture holding `state`."""
     reference = copy.deepcopy(model)
     reference.load_state_dict(state)

@@ -5,8 +5,14 @@ Everything FedAvg needs is the default behaviour of :class:`~.base.Algorithm`.
 
 from __future__ import annotations
 
-from ..algorithm_configs import FedAvgConfig
-from .base import Algorithm
+from typing import Literal
+
+from fedcme_core.algorithms.base import Algorithm
+from fedcme_core.common.frozen import Frozen
+
+
+class FedAvgConfig(Frozen):
+    name: Literal["fedavg"] = "fedavg"
 
 
 class FedAvg(Algorithm):

@@ -4,7 +4,7 @@ and feature alignment on top of FedAvg.
     L = CE(w(x), y) + mu * mean_{c in batch, zeta[c] defined} (mean_{i in B_c} theta(x_i) - zeta^t[c])^2
 
 (``align_loss: class_mean``; ``sample`` compares each theta(x_i) with zeta^t[y_i] instead, see
-``fedcme_core.features``.)
+``fedcme_core.client.features``.)
 
 Three pieces, each switched by its own setting, which is how the paper's ablations are
 configs rather than code:
@@ -22,27 +22,64 @@ The readings the text leaves open (SPEC.md, "Open readings") are settings too: `
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
-import torch
+from pydantic import Field, model_validator
 
-from ..features import GlobalFeatures, aggregate_global_features, alignment_loss, local_statistics
-from ..algorithm_configs import FedCMEConfig
-from ..matching import counterparts, eval_subset, evaluation_vector, many_to_one_round, match_round
-from ..models import SplitModel
-from ..training import ClientHooks
-from .base import Algorithm, ClientContext, Matching, ServerState, Upload
+from fedcme_core.algorithms.base import Algorithm, ClientContext, Matching, ServerState, Upload
+from fedcme_core.client.hooks import ClientHooks
+from fedcme_core.common.frozen import Frozen
+from fedcme_core.common.lazy import lazy_module
+
+torch = lazy_module("torch")
+models = lazy_module("fedcme_core.client.models")
+client_features = lazy_module("fedcme_core.client.features")
+server_matching = lazy_module("fedcme_core.server.matching")
+
+
+class FedCMEConfig(Frozen):
+    name: Literal["fedcme"] = "fedcme"
+    mu: float = Field(0.01, ge=0, description="feature-alignment weight; 0 disables alignment")
+    exchange: Literal["none", "classifier", "extractor", "model"] = "classifier"
+    matching: Literal["pairwise", "many_to_one"] = "pairwise"
+    eval_fraction: float = Field(0.2, gt=0, le=1)
+    # The open readings of the text (SPEC.md, "Open readings"); defaults are SPEC.md's choices.
+    # align_loss: class_mean, each batch class mean against zeta[c]; sample, each sample against zeta[y_i].
+    align_loss: Literal["class_mean", "sample"] = "class_mean"
+    # Over the d feature dimensions: the mean (F.mse_loss) or the sum (the squared norm).
+    align_reduction: Literal["mean", "sum"] = "mean"
+    # The received classifier's momentum at the exchange: reset, or received with it.
+    exchange_optimizer: Literal["reset", "swap"] = "reset"
+    # zeta^{t+1}[c] weighs client k by D_k (samples) or by its count of class c (class_counts).
+    feature_weights: Literal["samples", "class_counts"] = "samples"
+
+    @model_validator(mode="after")
+    def _no_meaningless_options(self) -> FedCMEConfig:
+        # An option that would change nothing is named rather than ignored (a default value is fine).
+        defaults = type(self).model_fields
+        inert = []
+        if self.mu == 0:
+            inert += [(key, "mu = 0 (no alignment)") for key in ("align_loss", "align_reduction", "feature_weights")]
+        if self.exchange == "none":
+            inert += [("exchange_optimizer", "exchange none")]
+        for key, reason in inert:
+            if getattr(self, key) != defaults[key].default:
+                raise ValueError(f"{key}: {getattr(self, key)!r} has no effect with {reason}; leave it at "
+                                 f"{defaults[key].default!r}")
+        return self
 
 
 class AlignmentHooks(ClientHooks):
-    def __init__(self, global_features: GlobalFeatures, config: FedCMEConfig, device: torch.device) -> None:
+    def __init__(self, global_features: client_features.GlobalFeatures, config: FedCMEConfig,
+                 device: torch.device) -> None:
         self.global_features = global_features.to(device)
         self.mu = config.mu
         self.reduction = config.align_reduction
         self.loss = config.align_loss
 
     def extra_loss(self, inputs, labels, features, logits) -> torch.Tensor | None:
-        loss = alignment_loss(features, labels, self.global_features, reduction=self.reduction, loss=self.loss)
+        loss = client_features.alignment_loss(features, labels, self.global_features, reduction=self.reduction,
+                                              loss=self.loss)
         return None if loss is None else self.mu * loss
 
 
@@ -67,35 +104,35 @@ class FedCME(Algorithm):
             return Matching()
         vectors = {int(client): vector.numpy() for client, vector in server.get("evaluation_vectors", {}).items()}
         if self.config.matching == "many_to_one":
-            donors = many_to_one_round(selected, vectors, seed=seed, round_index=round_index)
+            donors = server_matching.many_to_one_round(selected, vectors, seed=seed, round_index=round_index)
             return Matching(pairs=sorted(donors.items()), donors=donors)
-        pairs = match_round(selected, vectors, seed=seed, round_index=round_index)
-        return Matching(pairs=pairs, donors=counterparts(pairs))
+        pairs = server_matching.match_round(selected, vectors, seed=seed, round_index=round_index)
+        return Matching(pairs=pairs, donors=server_matching.counterparts(pairs))
 
     # ------------------------------------------------------------------------ client side
-    def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
+    def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:
         features = context.server.get("global_features")
         # No alignment before the server holds global features (round 0).
         if not self.aligns or features is None:
             return ClientHooks()
-        global_features = GlobalFeatures.from_dict(features)
+        global_features = client_features.GlobalFeatures.from_dict(features)
         if not global_features.any_defined:
             return ClientHooks()
         device = next(model.parameters()).device
         return AlignmentHooks(global_features, self.config, device)
 
-    def client_report(self, model: SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
+    def client_report(self, model: models.SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
                       context: ClientContext, hooks: ClientHooks) -> dict[str, Any]:
         """SPEC step 7: eps_k^t on a random subset D_eval_k of D_k and the local features
         zeta_k^t, in one pass over D_k when both are used."""
         num_classes = len(context.class_counts)
         # Recorded with or without exchange, so the no-exchange ablation's matching can be drawn.
-        subset = eval_subset(labels.cpu().numpy(), self.config.eval_fraction, seed=context.seed,
+        subset = server_matching.eval_subset(labels.cpu().numpy(), self.config.eval_fraction, seed=context.seed,
                              round_index=context.round_index, client_id=context.client_id)
         if not self.aligns:
             return {"evaluation_vector": torch.from_numpy(
-                evaluation_vector(model, inputs[subset], labels[subset], num_classes))}
-        statistics = local_statistics(model, inputs, labels, num_classes, eval_positions=subset)
+                server_matching.evaluation_vector(model, inputs[subset], labels[subset], num_classes))}
+        statistics = client_features.local_statistics(model, inputs, labels, num_classes, eval_positions=subset)
         return {"local_features": statistics.feature_means, "feature_counts": statistics.feature_counts,
                 "evaluation_vector": torch.from_numpy(statistics.evaluation_vector)}
 
@@ -108,8 +145,8 @@ class FedCME(Algorithm):
         the evaluation-vector table updated with this round's vectors."""
         features = server["global_features"]
         if self.aligns:
-            previous = GlobalFeatures.from_dict(features) if features is not None else None
-            features = aggregate_global_features(
+            previous = client_features.GlobalFeatures.from_dict(features) if features is not None else None
+            features = client_features.aggregate_global_features(
                 [(u.report["local_features"], u.report["feature_counts"], float(u.num_samples)) for u in uploads], previous,
                 weights=self.config.feature_weights,
             ).to_dict()
@@ -118,8 +155,11 @@ class FedCME(Algorithm):
                         if "evaluation_vector" in upload.report})
         return {"global_features": features, "evaluation_vectors": vectors}
 
-    def round_record(self, uploads: Sequence[Upload]) -> dict[str, Any]:
-        return {"evaluation_vectors": {
-            int(upload.client): [float(value) for value in upload.report["evaluation_vector"]]
-            for upload in uploads if "evaluation_vector" in upload.report
-        }}
+    def round_record(self, matching: Matching, uploads: Sequence[Upload]) -> dict[str, Any]:
+        """The matching as formed (``pairs``; many-to-one: receiver, donor) and the evaluation
+        vectors uploaded this round (client -> eps_k), which the next rounds' matchings read."""
+        return {
+            "pairs": [[int(a), int(b)] for a, b in matching.pairs],
+            "evaluation_vectors": {int(upload.client): [float(value) for value in upload.report["evaluation_vector"]]
+                                   for upload in uploads if "evaluation_vector" in upload.report},
+        }

@@ -5,16 +5,26 @@ The proximal term runs over the trainable parameters; mu = 0 is FedAvg exactly.
 
 from __future__ import annotations
 
-import torch
+from typing import Literal
 
-from ..algorithm_configs import FedProxConfig
-from ..models import SplitModel
-from ..training import ClientHooks
-from .base import Algorithm, ClientContext
+from pydantic import Field
+
+from fedcme_core.algorithms.base import Algorithm, ClientContext
+from fedcme_core.client.hooks import ClientHooks
+from fedcme_core.common.frozen import Frozen
+from fedcme_core.common.lazy import lazy_module
+
+torch = lazy_module("torch")
+models = lazy_module("fedcme_core.client.models")
+
+
+class FedProxConfig(Frozen):
+    name: Literal["fedprox"] = "fedprox"
+    mu: float = Field(0.01, ge=0)
 
 
 class ProximalHooks(ClientHooks):
-    def __init__(self, model: SplitModel, global_state, mu: float) -> None:
+    def __init__(self, model: models.SplitModel, global_state, mu: float) -> None:
         self.mu = mu
         self.parameters = [parameter for _, parameter in model.named_parameters()]
         self.anchors = [global_state[name].detach().to(parameter.device, copy=True) for name, parameter in model.named_parameters()]
@@ -29,7 +39,7 @@ class ProximalHooks(ClientHooks):
 class FedProx(Algorithm):
     config_class = FedProxConfig
 
-    def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
+    def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:
         if self.config.mu == 0:
             return ClientHooks()
         return ProximalHooks(model, context.global_state, self.config.mu)

@@ -8,13 +8,26 @@ alpha = 1 is FedAvg exactly.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import Literal
 
-from ..algorithm_configs import FedRSConfig
-from ..models import SplitModel
-from ..training import ClientHooks
-from .base import Algorithm, ClientContext
+from pydantic import Field
+
+from fedcme_core.algorithms.base import Algorithm, ClientContext
+from fedcme_core.client.hooks import ClientHooks
+from fedcme_core.common.frozen import Frozen
+from fedcme_core.common.lazy import lazy_module
+
+np = lazy_module("numpy")
+torch = lazy_module("torch")
+models = lazy_module("fedcme_core.client.models")
+
+
+class FedRSConfig(Frozen):
+    name: Literal["fedrs"] = "fedrs"
+    alpha: float = Field(0.5, gt=0, le=1)
+    # presence: s_c = 1 if the client holds c else alpha (the paper);
+    # proportional: s_c = alpha + (1 - alpha) * n_c / max_j n_j (the authors' code).
+    scaling: Literal["presence", "proportional"] = "presence"
 
 
 def class_scaling(class_counts: np.ndarray, alpha: float, scaling: str) -> torch.Tensor:
@@ -40,5 +53,5 @@ class RestrictedSoftmaxHooks(ClientHooks):
 class FedRS(Algorithm):
     config_class = FedRSConfig
 
-    def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
+    def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:
         return RestrictedSoftmaxHooks(class_scaling(context.class_counts, self.config.alpha, self.config.scaling))

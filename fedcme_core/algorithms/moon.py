@@ -11,19 +11,29 @@ MOON keeps for each client between its rounds (``client_state``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-import torch
-import torch.nn.functional as F
+from pydantic import Field
 
-from ..algorithm_configs import MoonConfig
-from ..models import SplitModel
-from ..training import ClientHooks
-from .base import Algorithm, ClientContext, frozen_copy
+from fedcme_core.algorithms.base import Algorithm, ClientContext, frozen_copy
+from fedcme_core.client.hooks import ClientHooks
+from fedcme_core.common.frozen import Frozen
+from fedcme_core.common.lazy import lazy_module
+
+torch = lazy_module("torch")
+F = lazy_module("torch.nn.functional")
+models = lazy_module("fedcme_core.client.models")
+
+
+class MoonConfig(Frozen):
+    name: Literal["moon"] = "moon"
+    mu: float = Field(1.0, ge=0)
+    tau: float = Field(0.5, gt=0)
 
 
 class ContrastiveHooks(ClientHooks):
-    def __init__(self, global_model: SplitModel, previous_model: SplitModel, mu: float, tau: float) -> None:
+    def __init__(self, global_model: models.SplitModel, previous_model: models.SplitModel, mu: float,
+                 tau: float) -> None:
         self.global_model = global_model
         self.previous_model = previous_model
         self.mu = mu
@@ -43,7 +53,7 @@ class ContrastiveHooks(ClientHooks):
 class Moon(Algorithm):
     config_class = MoonConfig
 
-    def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
+    def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:
         if self.config.mu == 0:
             return ClientHooks()
         global_model = frozen_copy(model, context.global_state)

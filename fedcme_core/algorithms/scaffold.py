@@ -16,22 +16,27 @@ parameters, as float32 tensors on the CPU.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
-import torch
+from fedcme_core.algorithms.base import Algorithm, ClientContext, ServerState, Upload
+from fedcme_core.client.hooks import ClientHooks
+from fedcme_core.common.frozen import Frozen
+from fedcme_core.common.lazy import lazy_module
 
-from ..algorithm_configs import ScaffoldConfig
-from ..models import SplitModel
-from ..training import ClientHooks
-from .base import Algorithm, ClientContext, ServerState, Upload
+torch = lazy_module("torch")
+models = lazy_module("fedcme_core.client.models")
 
-ControlVariate = dict[str, torch.Tensor]  # parameter name -> tensor of the parameter's shape
+ControlVariate = dict[str, "torch.Tensor"]  # parameter name -> tensor of the parameter's shape
+
+
+class ScaffoldConfig(Frozen):
+    name: Literal["scaffold"] = "scaffold"
 
 
 class ControlVariateHooks(ClientHooks):
     """After each optimizer step: y <- y - lr * (c - c_i); counts the steps (K). Holds c and c_i for the report."""
 
-    def __init__(self, model: SplitModel, server: ControlVariate, client: ControlVariate, lr: float) -> None:
+    def __init__(self, model: models.SplitModel, server: ControlVariate, client: ControlVariate, lr: float) -> None:
         self.server, self.client = server, client
         self.parameters = [parameter for _, parameter in model.named_parameters()]
         self.correction = [(server[name] - client[name]).to(parameter.device)
@@ -46,7 +51,7 @@ class ControlVariateHooks(ClientHooks):
         self.steps += 1
 
 
-def zeros_like_parameters(model: SplitModel) -> ControlVariate:
+def zeros_like_parameters(model: models.SplitModel) -> ControlVariate:
     return {name: torch.zeros_like(parameter, device="cpu") for name, parameter in model.named_parameters()}
 
 
@@ -69,14 +74,14 @@ class Scaffold(Algorithm):
 
     config_class = ScaffoldConfig
 
-    def client_hooks(self, model: SplitModel, context: ClientContext) -> ClientHooks:
+    def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:
         """c and c_i (zeros before the first aggregation / the client's first round)."""
         zeros = zeros_like_parameters(model)
         server = context.server.get("control") or zeros
         client = context.client_state["control"] if context.client_state is not None else zeros
         return ControlVariateHooks(model, server, client, context.learning_rate)
 
-    def client_report(self, model: SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
+    def client_report(self, model: models.SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
                       context: ClientContext, hooks: ClientHooks) -> dict[str, Any]:
         local = {name: parameter.detach() for name, parameter in model.named_parameters()}
         delta = client_control_update(hooks.client, hooks.server, context.global_state, local, hooks.steps,

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from .checkpoints import atomic_write_bytes
+from fedcme_core.common.checkpoints import atomic_write_bytes
 
 Precision = Literal["fp32", "bf16"]
 CALIBRATION_STEPS = 3  # timed training steps per candidate and repeat (after one warm-up step)
@@ -181,31 +181,3 @@ def resolve(channels_last: bool | str, precision: str, device: torch.device, key
     choice = ComputeChoice(fastest, "calibration", rates, time.perf_counter() - started, machine)
     _write_cache(path, full_key, choice)
     return choice
-
-
-def training_step(model_name: str, num_classes: int, projection_dim: int | None, input_shape: tuple[int, int, int],
-                  training, device: torch.device, seed: int = 0):
-    """`step(option)`: one training step of the run's model on a random batch of its shape, in
-    `option` (the one local loop, FedAvg's hooks); returns the batch size. Its own seeded tensors
-    and generators: the run's random streams are untouched."""
-    from .models import build_model
-    from .training import ClientHooks, start_local_run, train_epochs
-
-    generator = torch.Generator().manual_seed(seed)
-    batch = training.batch_size
-    inputs = torch.randn(batch, *input_shape, generator=generator)  # [B, C_in, H, W]
-    labels = torch.randint(num_classes, (batch,), generator=generator)  # [B]
-    runs: dict[Compute, Any] = {}
-
-    def step(option: Compute) -> int:
-        if option not in runs:
-            model = option.model(build_model(model_name, num_classes, projection_dim, seed=seed).to(device))
-            runs[option] = (start_local_run(model, training, torch.Generator().manual_seed(seed)),
-                            option.layout(inputs).to(device), labels.to(device))
-        run, option_inputs, option_labels = runs[option]
-        train_epochs(run, option_inputs, option_labels, ClientHooks(), 1, batch, compute=option)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return batch
-
-    return step

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedcme_core.evaluation import eval_mode, inference_batch_size, model_device
+from fedcme_core.client.evaluation import eval_mode, inference_batch_size, model_device
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .architectures import MODEL_INFERENCE_BATCH, MODEL_INPUT_SHAPES, MODEL_NAMES  # noqa: F401 - the names models are built by
+from fedcme_core.client.architectures import MODEL_INFERENCE_BATCH, MODEL_INPUT_SHAPES, MODEL_NAMES  # noqa: F401 - the names models are built by
 
 CLASSIFIER_PREFIX = "classifier."
 DeviceSetting = Literal["auto", "cpu", "cuda"]
@@ -35,7 +35,7 @@ DeviceSetting = Literal["auto", "cpu", "cuda"]
 
 class SplitModel(nn.Module):
     """A backbone, an optional projection head (MOON) and a linear classifier; `inference_batch_size`
-    is the batch of its no-grad passes (:data:`fedcme_core.architectures.MODEL_INFERENCE_BATCH`)."""
+    is the batch of its no-grad passes (:data:`fedcme_core.client.architectures.MODEL_INFERENCE_BATCH`)."""
 
     def __init__(self, backbone: nn.Module, backbone_dim: int, num_classes: int, projection_dim: int | None = None,
                  inference_batch_size: int | None = None, hidden: nn.Linear | None = None):

@@ -6,8 +6,8 @@ Local objective of client k in round t (SPEC.md, "Local training"):
 
 minimised by SGD (lr, momentum, weight decay) over mini-batches of the client's in-memory
 tensors. Algorithms never copy this loop: FedProx, MOON and FedCME's feature alignment
-supply ``extra_loss``, FedRS ``transform_logits``, SCAFFOLD ``after_step`` (see
-``fedcme_core.algorithms``).
+supply ``extra_loss``, FedRS ``transform_logits``, SCAFFOLD ``after_step`` (the hooks:
+:mod:`fedcme_core.client.hooks`; the algorithms: ``fedcme_core.algorithms``).
 
 A local run can stop after any epoch, be written to a checkpoint (model, optimizer and
 the batch-order RNG state) and continue later to exactly the same result as a run
@@ -18,37 +18,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from .augment import Augmentation
-from .checkpoints import CheckpointError, load_checkpoint, save_checkpoint
-from .compute import Compute
-from .models import SplitModel
-
-if TYPE_CHECKING:  # config imports the algorithms, which import this loop
-    from .config import TrainingConfig
+from fedcme_core.data.augment import Augmentation
+from fedcme_core.common.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+from fedcme_core.client.compute import Compute
+from fedcme_core.client.hooks import ClientHooks
+from fedcme_core.client.models import SplitModel, build_model
 
 FP32 = Compute()
 
 
-class ClientHooks:
-    """An algorithm's per-client, per-round hooks into the local loop; these defaults are FedAvg's."""
+class TrainingSettings(Protocol):
+    """What the loop reads of the config's ``training`` section (``TrainingConfig``, whose layer is
+    above this one): the local SGD's step size, momentum and weight decay, and the batch size."""
 
-    def transform_logits(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """logits [B, C] -> logits [B, C] used by the cross-entropy (FedRS: restricted softmax)."""
-        return logits
+    @property
+    def lr(self) -> float: ...
 
-    def extra_loss(
-        self, inputs: torch.Tensor, labels: torch.Tensor, features: torch.Tensor, logits: torch.Tensor
-    ) -> torch.Tensor | None:
-        """A term added to the cross-entropy (features [B, d], logits [B, C]); None adds nothing."""
-        return None
+    @property
+    def momentum(self) -> float: ...
 
-    def after_step(self) -> None:
-        """Called after each optimizer step (SCAFFOLD: the control-variate correction)."""
+    @property
+    def weight_decay(self) -> float: ...
+
+    @property
+    def batch_size(self) -> int: ...
 
 
 @dataclass
@@ -66,13 +64,13 @@ class LocalRun:
         return [name for name, _ in self.model.named_parameters()]
 
 
-def make_optimizer(model: SplitModel, config: TrainingConfig) -> torch.optim.SGD:
+def make_optimizer(model: SplitModel, config: TrainingSettings) -> torch.optim.SGD:
     return torch.optim.SGD(
         model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
     )
 
 
-def start_local_run(model: SplitModel, config: TrainingConfig, generator: torch.Generator) -> LocalRun:
+def start_local_run(model: SplitModel, config: TrainingSettings, generator: torch.Generator) -> LocalRun:
     """A fresh local run from `model` (already holding the global weights)."""
     return LocalRun(model=model, optimizer=make_optimizer(model, config), generator=generator)
 
@@ -90,9 +88,9 @@ def train_epochs(
     """Train `num_epochs` more epochs in place (Algorithm 2: ClientUpdate's local SGD).
 
     `compute` sets the precision of the forward pass and the loss (bf16 autocast or fp32);
-    the layout is the one `inputs` and the model already have (see fedcme_core.compute).
+    the layout is the one `inputs` and the model already have (see fedcme_core.client.compute).
     `augment` transforms each training batch, drawing from the run's generator (so a resumed
-    run draws the same crops and flips; fedcme_core.augment)."""
+    run draws the same crops and flips; fedcme_core.data.augment)."""
     model, optimizer = run.model, run.optimizer
     device = next(model.parameters()).device
     num_samples = labels.shape[0]
@@ -139,7 +137,7 @@ def save_local_run(run: LocalRun, path: str | Path, **metadata: Any) -> None:
     save_checkpoint(local_run_payload(run, **metadata), path)
 
 
-def restore_local_run(payload: dict[str, Any], model: SplitModel, config: TrainingConfig, source: str = "checkpoint") -> LocalRun:
+def restore_local_run(payload: dict[str, Any], model: SplitModel, config: TrainingSettings, source: str = "checkpoint") -> LocalRun:
     """Rebuild a LocalRun from a checkpoint payload into `model` (an architecture-matching instance)."""
     missing = {"model", "optimizer", "parameter_names", "generator", "epochs_done", "epoch_losses"} - payload.keys()
     if missing:
@@ -164,6 +162,31 @@ def restore_local_run(payload: dict[str, Any], model: SplitModel, config: Traini
     )
 
 
-def load_local_run(path: str | Path, model: SplitModel, config: TrainingConfig) -> LocalRun:
+def load_local_run(path: str | Path, model: SplitModel, config: TrainingSettings) -> LocalRun:
     device = next(model.parameters()).device
     return restore_local_run(load_checkpoint(path, map_location=device), model, config, source=str(path))
+
+
+def training_step(model_name: str, num_classes: int, projection_dim: int | None, input_shape: tuple[int, int, int],
+                  training: TrainingSettings, device: torch.device, seed: int = 0):
+    """`step(option)`: one training step of the run's model on a random batch of its shape, in
+    `option` (the one local loop, FedAvg's hooks); returns the batch size. Its own seeded tensors
+    and generators: the run's random streams are untouched."""
+    generator = torch.Generator().manual_seed(seed)
+    batch = training.batch_size
+    inputs = torch.randn(batch, *input_shape, generator=generator)  # [B, C_in, H, W]
+    labels = torch.randint(num_classes, (batch,), generator=generator)  # [B]
+    runs: dict[Compute, Any] = {}
+
+    def step(option: Compute) -> int:
+        if option not in runs:
+            model = option.model(build_model(model_name, num_classes, projection_dim, seed=seed).to(device))
+            runs[option] = (start_local_run(model, training, torch.Generator().manual_seed(seed)),
+                            option.layout(inputs).to(device), labels.to(device))
+        run, option_inputs, option_labels = runs[option]
+        train_epochs(run, option_inputs, option_labels, ClientHooks(), 1, batch, compute=option)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return batch
+
+    return step

@@ -2,9 +2,9 @@
 
 A factor is FedCME with one reading (or setup) changed beside its no-exchange twin, and for a setup
 factor the FedAvg of that setup; ``report.references`` names today's FedAvg, FedRS, FedCME and twin,
-which every factor is compared with (:mod:`flows.report_sensitivity`). Only the report reads these
+which every factor is compared with (:mod:`flows.report.sensitivity`). Only the report reads these
 keys: no grid cell's config depends on them. :func:`factor_method_problems` says where a factor names
-a method its grid lacks (the grid file checks its own factors, :func:`fedcme_core.params.load_params`
+a method its grid lacks (the grid file checks its own factors, :func:`fedcme_core.config.params.load_params`
 those of other grids whose files exist).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .partition_tags import parse_partition_tag
+from fedcme_core.config.partition_tags import parse_partition_tag
 
 GRID_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 

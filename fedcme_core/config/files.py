@@ -1,8 +1,8 @@
 """Reading config files: YAML in which a key given twice is an error, every failure one line
 (:class:`ConfigError`), and dotted overrides ({"training.lr": 0.1}) applied to a copy.
 
-Shared by the experiment config (:mod:`fedcme_core.config`), the params file
-(:mod:`fedcme_core.params`) and the DVC parameter check (``flows/dvc_params.py``).
+Shared by the experiment config (:mod:`fedcme_core.config.schema`), the params file
+(:mod:`fedcme_core.config.params`) and the DVC parameter check (``flows/pipeline/dvc_params.py``).
 """
 
 from __future__ import annotations

@@ -1,208 +1,34 @@
 """The schema of a whole params file (``params.yaml``, ``configs/params-*.yaml``).
 
 A params file holds ``base`` (the experiment config every run starts from, see
-:mod:`fedcme_core.config`), ``methods`` (named algorithm sections with a display label and a
+:mod:`fedcme_core.config.schema`), ``methods`` (named algorithm sections with a display label and a
 group), ``datasets`` (the model of each dataset), ``grid`` and ``ablation`` (the experiments
 ``dvc repro`` trains) and ``report``. Every section forbids unknown keys, and every grid cell's
 composed experiment config is validated too, so that a typo anywhere (``gird:`` for ``grid:``,
 ``methods.fedprox.mu`` as ``mu_``) is one line naming the file and the key, before anything
 trains or writes. :func:`load_params` reads and validates a file; :meth:`ParamsFile.cell_config`
 is the experiment config of one grid cell (method, dataset, partition tag, K, M, seed), the one the
-DVC train stage runs: `base`, then the partition tag (:mod:`fedcme_core.partition_tags`), the grid
+DVC train stage runs: `base`, then the partition tag (:mod:`fedcme_core.config.partition_tags`), the grid
 dimensions, the method's algorithm, ``datasets.<d>``, and last the method's ``setup``.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
-from .config import (
-    AlgorithmConfig,
-    ExperimentConfig,
-    ModelConfig,
-    PartitionConfig,
-    config_from_dict,
-    format_validation_error,
-)
-from .config_files import ConfigError, apply_overrides, read_yaml
-from .params_factors import (
-    GRID_NAME_PATTERN, ReportFactor, ReportReferences, check_factors, factor_method_problems, other_grid_file,
-)
-from .partition_tags import check_tag_for_method, parse_partition_tag, partition_label, partition_overrides
-
-GRID_DATASETS = ("fmnist", "cifar10")
-Dataset = Literal["fmnist", "cifar10"]
-DATASET_LABELS = {"fmnist": "FMNIST", "cifar10": "CIFAR-10", "synthetic": "Synthetic"}
+from fedcme_core.config.schema import ExperimentConfig, ModelConfig, PartitionConfig, config_from_dict, format_validation_error
+from fedcme_core.config.files import ConfigError, apply_overrides, read_yaml
+from fedcme_core.config.factors import other_grid_file
+from fedcme_core.config.sections import AblationSection, Dataset, GridSection, MethodEntry, ReportSection, Section
+from fedcme_core.config.partition_tags import check_tag_for_method, partition_overrides
 
 
-# What `methods.<name>.setup` may not set: the grid's dimensions (and anything under them).
-GRID_KEYS = ("seed", "data.dataset", "partition", "federation.num_clients", "federation.clients_per_round")
-
-
-def setting_label(dataset: str, partition: str, clients: int, per_round: int) -> str:
-    """"CIFAR-10 α=0.5 K=10 M=10" / "CIFAR-10 #C=2 K=10 M=10": a grid setting as the report names it."""
-    return f"{DATASET_LABELS.get(dataset, dataset)} {partition_label(partition)} K={clients} M={per_round}"
-
-
-def _under(key: str, prefixes: tuple[str, ...]) -> bool:
-    return any(key == prefix or key.startswith(f"{prefix}.") for prefix in prefixes)
-
-
-def _setup_key_problem(key: str, value: Any) -> str | None:
-    """Why `key` may not be a `setup` override, or None when it may."""
-    if _under(key, GRID_KEYS):
-        return "a grid dimension; the grid and ablation sections set it"
-    if _under(key, ("algorithm",)):
-        return "the method's algorithm; write it in the method itself (methods.<name>.mu), not in setup"
-    if isinstance(value, Mapping):
-        return "give each key dotted (training.local_epochs: 4), not a whole section"
-    return None
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-class MethodEntry(_Section):
-    """`methods.<name>`: an algorithm section plus its display label, report group and `setup`, the
-    dotted experiment-config overrides of its cells (``{training.local_epochs: 4}``), applied last."""
-
-    label: str | None = None
-    group: Literal["main", "ablation"] = "main"
-    setup: dict[str, Any] = {}
-    algorithm: AlgorithmConfig
-
-    @model_validator(mode="before")
-    @classmethod
-    def _split(cls, values: Any) -> Any:
-        # The file writes {name: fedprox, mu: 0.01, label: ...}: label, group and setup are ours,
-        # the rest the algorithm's.
-        if not isinstance(values, Mapping):
-            return values
-        rest = dict(values)
-        entry = {key: rest.pop(key) for key in ("label", "group", "setup") if key in rest}
-        return {**entry, "algorithm": rest}
-
-    @field_validator("setup")
-    @classmethod
-    def _no_grid_keys(cls, setup: dict[str, Any]) -> dict[str, Any]:
-        for key, value in setup.items():
-            problem = _setup_key_problem(key, value)
-            if problem is not None:
-                raise ValueError(f"{key}: {problem}")
-        return setup
-
-
-class GridSection(_Section):
-    """The settings of a grid: datasets x partitions (tags: a0.1, c2) x (K, M) pairs x seeds, for each method."""
-
-    datasets: list[Dataset] = Field(min_length=1)
-    partitions: list[str] = Field(min_length=1, description="partition tags: a<alpha> or c<k>")
-    clients: list[tuple[int, int]] = Field(min_length=1, description="(K, M) pairs")
-    seeds: list[int] = Field(min_length=1)
-    methods: list[str] = Field(min_length=1)
-
-    @field_validator("partitions", mode="before")
-    @classmethod
-    def _partition_tags(cls, tags: Any) -> Any:
-        if isinstance(tags, list):
-            for index, tag in enumerate(tags):
-                parse_partition_tag(tag)
-                if tag in tags[:index]:
-                    raise ValueError(f"{tag!r} given twice")
-        return tags
-
-    @model_validator(mode="after")
-    def _distinct_client_counts(self) -> GridSection:
-        # Partitions are named by K, so two pairs with the same K would share (and fight over) one.
-        counts = [clients for clients, _ in self.clients]
-        if len(set(counts)) != len(counts):
-            raise ValueError(f"clients: K must differ between (K, M) pairs, got {[list(pair) for pair in self.clients]}")
-        return self
-
-    def cells(self) -> Iterator[tuple[str, str, str, int, int, int]]:
-        """(method, dataset, partition tag, K, M, seed) of every experiment, in dvc.yaml's matrix order."""
-        for method, dataset, partition, (clients, per_round), seed in itertools.product(
-            self.methods, self.datasets, self.partitions, self.clients, self.seeds
-        ):
-            yield method, dataset, partition, clients, per_round, seed
-
-    def settings(self) -> set[tuple[str, str, int, int, int]]:
-        return {cell[1:] for cell in self.cells()}
-
-
-class AblationSection(GridSection):
-    """`ablation`: a grid of its own on settings of `grid`; its method list may be empty (no ablation runs)."""
-
-    methods: list[str] = Field(default_factory=list)
-
-
-PUBLISHED_MEASURES = ("final_accuracy", "accuracy_at_2T5", "best_accuracy")  # columns of docs/results/<grid>.csv
-
-
-class PublishedFigure(_Section):
-    """`report.published[i]`: a figure someone published for one method in one setting of this grid,
-    which the report sets beside ours (for example NIID-Bench's FedAvg 68.2%)."""
-
-    method: str = Field(description="a key of `methods`")
-    dataset: Dataset
-    partition: str = Field(description="a partition tag of the grid: a<alpha> or c<k>")
-    clients: tuple[int, int] = Field(description="(K, M)")
-    measure: Literal[PUBLISHED_MEASURES] = "final_accuracy"  # type: ignore[valid-type]
-    accuracy: float = Field(le=100, description="in percent")
-    source: str = Field(min_length=1, description="where it was published, and how it was measured")
-
-    @field_validator("partition")
-    @classmethod
-    def _partition_tag(cls, tag: str) -> str:
-        parse_partition_tag(tag)
-        return tag
-
-    @field_validator("accuracy")
-    @classmethod
-    def _in_percent(cls, value: float) -> float:
-        if value <= 1:
-            raise ValueError(f"{value} looks like a fraction: give the published figure in percent (68.2, not 0.682)")
-        return value
-
-    @property
-    def setting(self) -> tuple[str, str, int, int]:
-        return self.dataset, self.partition, *self.clients
-
-    @property
-    def setting_label(self) -> str:
-        return setting_label(*self.setting)
-
-
-class ReportSection(_Section):
-    name: str = Field("default", pattern=GRID_NAME_PATTERN, description="the grid's name (docs/results/<name>.csv)")
-    target_accuracy: float | None = Field(None, gt=0, le=1)
-    published: list[PublishedFigure] = []
-    references: ReportReferences | None = None
-    factors: list[ReportFactor] = []
-
-    @model_validator(mode="after")
-    def _factors_checked(self) -> ReportSection:
-        check_factors(self.references, self.factors)
-        return self
-
-    def factor_grid(self, factor: ReportFactor) -> str:
-        """The grid whose metrics hold a factor's runs: its `grid`, else this one."""
-        return factor.grid or self.name
-
-    def method_problems(self, methods: Mapping[str, Any], grid: str, partitions: Any = None) -> list[str]:
-        """Where `references` and the factors of `grid` name a method that `methods` (that grid's) lacks,
-        or a setting outside its `partitions` (when given)."""
-        return factor_method_problems(self.references, self.factors, methods, grid, self.name, partitions)
-
-
-class ParamsFile(_Section):
+class ParamsFile(Section):
     """A whole params file: what `dvc repro` and `fedcme train --config` read."""
 
     base: ExperimentConfig
@@ -359,3 +185,30 @@ def check_factor_grids(params: ParamsFile, path: Path) -> None:
         problems = params.report.method_problems(methods, grid, partitions)
         if problems:
             raise ConfigError(f"{path}: {problems[0]} ({other})")
+
+
+def load_config(
+    path: str | Path, overrides: Mapping[str, Any] | None = None, section: str | None = None
+) -> ExperimentConfig:
+    """Load and validate a config file; `overrides` are dotted keys ({"training.lr": 0.1}).
+
+    With `section`, the config is that top-level key of the file; a file with a top-level
+    `base` mapping (params.yaml, which also holds the DVC grid) is validated whole
+    (this module) and read from `base` by default.
+    """
+    values = read_yaml(path)
+    if values is None:
+        values = {}
+    source = str(path)
+    if is_params_file(values):
+        # A params file (params.yaml, configs/params-*.yaml) is validated whole: a typo in its grid
+        # is an error here, before anything trains or writes.
+        params_from_dict(values, source=source)
+        section = section or "base"
+    if section is not None:
+        if not isinstance(values, Mapping) or not isinstance(values.get(section), Mapping):
+            raise ConfigError(f"{path}: {section}: missing, or not a mapping of config keys")
+        values, source = values[section], f"{path} [{section}]"
+    if overrides:
+        values = apply_overrides(values, overrides)
+    return config_from_dict(values, source=source)

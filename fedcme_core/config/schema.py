@@ -17,10 +17,12 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from .algorithm_configs import ALGORITHM_CONFIGS, ALGORITHM_NAMES, AlgorithmConfig, FedCMEConfig, MoonConfig
-from .architectures import MODEL_INPUT_SHAPES
-from .config_files import ConfigError, apply_overrides, read_yaml
-from .frozen import Frozen
+from fedcme_core.algorithms import ALGORITHM_CONFIGS, ALGORITHM_NAMES, AlgorithmConfig
+from fedcme_core.algorithms.fedcme import FedCMEConfig
+from fedcme_core.algorithms.moon import MoonConfig
+from fedcme_core.client.architectures import MODEL_INPUT_SHAPES
+from fedcme_core.common.frozen import Frozen
+from fedcme_core.config.files import ConfigError, apply_overrides, read_yaml
 
 
 NUM_CLASSES = 10  # every dataset here (Fashion-MNIST, CIFAR-10, synthetic) has 10 classes
@@ -46,7 +48,7 @@ class DataConfig(Frozen):
     # Seeded random subsets of the splits (None: the whole split).
     train_subset: int | None = Field(None, ge=10)
     test_subset: int | None = Field(None, ge=10)
-    # Training-batch augmentation (fedcme_core/augment.py): crop_flip is NIID-Bench's and MOON's
+    # Training-batch augmentation (fedcme_core/data/augment.py): crop_flip is NIID-Bench's and MOON's
     # CIFAR-10 transform (reflect-pad 4, random crop, random horizontal flip). None: the dataset's
     # default, crop_flip for cifar10 and none otherwise (SPEC.md, Data).
     augment: Literal["none", "crop_flip"] | None = None
@@ -114,7 +116,7 @@ class TrainingConfig(Frozen):
     weight_decay: float = Field(1e-5, ge=0)
     # Memory layout of the images and the model: channels_last (NHWC) or PyTorch's default
     # NCHW, equal within float rounding; "auto" times both on the run's model and batch shape at
-    # run start and keeps the faster (fedcme_core/compute.py; README, Performance options).
+    # run start and keeps the faster (fedcme_core/client/compute.py; README, Performance options).
     channels_last: bool | Literal["auto"] = "auto"
     # fp32, or bf16 autocast of the forward pass and the loss (weights, optimizer state and
     # aggregation stay fp32); "auto" lets the calibration pick bf16 where the device computes it
@@ -296,32 +298,3 @@ def config_from_dict(values: Mapping[str, Any], source: str = "config") -> Exper
         return ExperimentConfig.model_validate(dict(values))
     except ValidationError as error:
         raise ConfigError(format_validation_error(error, source)) from None
-
-
-def load_config(
-    path: str | Path, overrides: Mapping[str, Any] | None = None, section: str | None = None
-) -> ExperimentConfig:
-    """Load and validate a config file; `overrides` are dotted keys ({"training.lr": 0.1}).
-
-    With `section`, the config is that top-level key of the file; a file with a top-level
-    `base` mapping (params.yaml, which also holds the DVC grid) is validated whole
-    (:mod:`fedcme_core.params`) and read from `base` by default.
-    """
-    from .params import is_params_file, params_from_dict
-
-    values = read_yaml(path)
-    if values is None:
-        values = {}
-    source = str(path)
-    if is_params_file(values):
-        # A params file (params.yaml, configs/params-*.yaml) is validated whole: a typo in its grid
-        # is an error here, before anything trains or writes.
-        params_from_dict(values, source=source)
-        section = section or "base"
-    if section is not None:
-        if not isinstance(values, Mapping) or not isinstance(values.get(section), Mapping):
-            raise ConfigError(f"{path}: {section}: missing, or not a mapping of config keys")
-        values, source = values[section], f"{path} [{section}]"
-    if overrides:
-        values = apply_overrides(values, overrides)
-    return config_from_dict(values, source=source)

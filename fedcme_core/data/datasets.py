@@ -8,7 +8,7 @@ mean/std, with int64 labels [N]; models index these tensors directly (no per-sam
 transform in the training loop).
 
 The official files come, verified, from a local mirror or torchvision's download
-(:mod:`fedcme_core.data_sources`).
+(:mod:`fedcme_core.data.sources`).
 
 A ``synthetic`` dataset (per-class fixed random templates plus Gaussian noise, any shape)
 serves tests and smoke runs without real data.
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedcme_core.checkpoints import atomic_write_bytes
-from fedcme_core.data_sources import RAW_ARRAYS, RAW_DATASETS, DataError, load_raw
-from fedcme_core.seeding import numpy_rng
+from fedcme_core.common.checkpoints import atomic_write_bytes
+from fedcme_core.data.sources import RAW_ARRAYS, RAW_DATASETS, DataError, load_raw
+from fedcme_core.common.seeding import numpy_rng
 
 DATASETS = (*RAW_DATASETS, "synthetic")  # the official datasets, then the synthetic one
 
@@ -115,7 +115,7 @@ def load_dataset(
     """Load dataset `name` (one of DATASETS) as normalised in-memory tensors.
 
     `data_dir` receives decompressed files, downloads and verification stamps; `mirror`
-    (see :func:`fedcme_core.data_sources.resolve_mirror`) is only read. `synthetic` configures the "synthetic" dataset
+    (see :func:`fedcme_core.data.sources.resolve_mirror`) is only read. `synthetic` configures the "synthetic" dataset
     (defaults: SyntheticSpec()). `normalise=False` keeps the images in [0, 1] (mean 0, std 1).
     """
     if name == "synthetic":

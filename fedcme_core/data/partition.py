@@ -24,7 +24,7 @@ numpy Generator, ``numpy_rng(seed, "partition")``. Methods:
   renormalised over the classes that still have samples left and takes that class's next
   unused index (each class's indices are shuffled first) **(choice)**.
 
-Every client's indices are returned sorted ascending as int64. :mod:`fedcme_core.partition_file`
+Every client's indices are returned sorted ascending as int64. :mod:`fedcme_core.data.partition_file`
 keeps a partition with the parameters that made it, as a byte-reproducible ``.npz``.
 """
 
@@ -35,7 +35,7 @@ from typing import Literal
 
 import numpy as np
 
-from fedcme_core.seeding import numpy_rng
+from fedcme_core.common.seeding import numpy_rng
 
 PartitionMethod = Literal["dirichlet", "iid", "lognormal_dirichlet", "labels_per_client"]
 PARTITION_METHODS: tuple[str, ...] = ("dirichlet", "iid", "lognormal_dirichlet", "labels_per_client")

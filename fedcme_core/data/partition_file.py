@@ -2,7 +2,7 @@
 labels it is for, a content hash, and a single pickle-free, byte-reproducible ``.npz``.
 
 The partitions themselves (FedCME's Dirichlet label skew with quantity skew, Nie et al.,
-arXiv:2307.08574) are drawn by :mod:`fedcme_core.partition`; ``load_partition`` verifies a file
+arXiv:2307.08574) are drawn by :mod:`fedcme_core.data.partition`; ``load_partition`` verifies a file
 before a run trusts it.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from fedcme_core.checkpoints import atomic_write_bytes
-from fedcme_core.partition import PartitionError, PartitionMethod, partition_labels, validated_labels
+from fedcme_core.common.checkpoints import atomic_write_bytes
+from fedcme_core.data.partition import PartitionError, PartitionMethod, partition_labels, validated_labels
 
 _NPZ_ARRAYS = ("indices", "offsets", "meta")
 _ZIP_FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)

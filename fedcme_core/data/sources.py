@@ -12,7 +12,7 @@ with their official train/test splits. Sources, in order of preference:
   it is not hashed again while its size and mtime are unchanged;
 * torchvision's own download into ``data_dir`` when no mirror is configured.
 
-:mod:`fedcme_core.data` turns the arrays into normalised tensors.
+:mod:`fedcme_core.data.datasets` turns the arrays into normalised tensors.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    import torchvision
+from fedcme_core.common.checkpoints import atomic_write_bytes, atomic_writer
+from fedcme_core.common.lazy import lazy_module
 
-from fedcme_core.checkpoints import atomic_write_bytes, atomic_writer
+# Imported where first used (a download, or the mirror's Fashion-MNIST files): it costs about 2 s
+# of start-up (torch._dynamo), which a run from prepared arrays or the CIFAR-10 mirror never pays.
+torchvision = lazy_module("torchvision")
 
 RAW_DATASETS = ("fmnist", "cifar10")
 RAW_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
@@ -93,8 +94,6 @@ def _raw_fmnist(data_dir: Path, mirror: Path | None) -> dict[str, np.ndarray]:
         download = False
     else:
         download = True
-    import torchvision  # here, not at module level: it costs about 2 s of start-up (torch._dynamo)
-
     arrays = {}
     for train, split in ((True, "train"), (False, "test")):
         source = _torchvision_split(torchvision.datasets.FashionMNIST, data_dir, train, download, "fmnist")
@@ -105,8 +104,6 @@ def _raw_fmnist(data_dir: Path, mirror: Path | None) -> dict[str, np.ndarray]:
 
 def _prepare_fmnist_from_mirror(data_dir: Path, mirror_folder: Path) -> None:
     """Verify the four official .gz files and decompress them into torchvision's raw folder."""
-    import torchvision
-
     raw_folder = data_dir / "FashionMNIST" / "raw"
     raw_folder.mkdir(parents=True, exist_ok=True)
     stamp = data_dir / "fashion-mnist.verified.json"
@@ -142,8 +139,6 @@ def _raw_cifar10(data_dir: Path, mirror: Path | None) -> dict[str, np.ndarray]:
         _verify_digest(archive, "sha256", CIFAR10_SHA256, data_dir / "cifar-10.verified.json")
         arrays = _read_cifar10_npz(archive)
     else:
-        import torchvision
-
         arrays = {}
         for train, split in ((True, "train"), (False, "test")):
             source = _torchvision_split(torchvision.datasets.CIFAR10, data_dir, train, True, "cifar10")

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .records import RoundRecord
+from fedcme_core.results.records import RoundRecord
 
 CSV_COLUMNS = RoundRecord.csv_columns()
 RECORD_KEYS = CSV_COLUMNS  # what a history record must hold for the summary and the CSV

@@ -3,7 +3,12 @@ what the MLflow metrics (named by :meth:`RoundRecord.mlflow_metrics`), the per-r
 report derive from.
 
 A history holds plain dicts (a server state loads with ``weights_only=True``);
-:meth:`RoundRecord.to_dict` and :meth:`RoundRecord.from_dict` cross between the two.
+:meth:`RoundRecord.to_dict` and :meth:`RoundRecord.from_dict` cross between the two. The record
+names no algorithm: what an algorithm keeps of a round is its own section, ``algorithm``
+(``Algorithm.round_record``: FedCME's ``pairs`` and ``evaluation_vectors``), read through
+:func:`algorithm_section`, which also reads a record written before the section existed (FedCME's
+keys at the top level of every record).
+
 ``round`` is the 0-based index t of the round; everything a person reads counts rounds from 1
 (:attr:`RoundRecord.number`: the console line, the MLflow step, the CSV, the report and the
 matching artifact ``matching/round-0001.json``).
@@ -27,8 +32,7 @@ def metric(name: str, csv: bool = False) -> dict[str, Any]:
 class RoundRecord:
     round: int  # t, 0-based
     selected: list[int]
-    pairs: list[list[int]]  # the matching as formed (FedCME), [] otherwise
-    evaluation_vectors: dict[int, list[float]]  # client -> eps_k uploaded this round (FedCME)
+    algorithm: dict[str, Any]  # the algorithm's own section (Algorithm.round_record), plain JSON data
     test_accuracy: float = field(metadata=metric("eval/test_accuracy", csv=True))
     test_loss: float = field(metadata=metric("eval/test_loss", csv=True))
     train_loss: float = field(metadata=metric("train/loss", csv=True))  # the clients' last-epoch loss, weighted by D_k
@@ -46,7 +50,9 @@ class RoundRecord:
     aggregate_seconds: float = field(metadata=metric("time/aggregate_seconds"))
     evaluate_seconds: float = field(metadata=metric("time/evaluate_seconds"))
     round_seconds: float = field(metadata=metric("time/round_seconds", csv=True))
-    exchange_seconds: float | None = field(default=None, metadata=metric("time/exchange_seconds"))  # None: no exchange this round
+    # The exchanges at the phase boundaries and the phases after the first, each summed (one of each
+    # for FedCME); None: a round of one phase.
+    exchange_seconds: float | None = field(default=None, metadata=metric("time/exchange_seconds"))
     phase2_seconds: float | None = field(default=None, metadata=metric("time/phase2_seconds"))
 
     @property
@@ -60,8 +66,9 @@ class RoundRecord:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RoundRecord:
-        names = {item.name for item in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in values.items() if key in names})
+        names = {item.name for item in dataclasses.fields(cls)} - {"algorithm"}
+        return cls(**{key: value for key, value in values.items() if key in names},
+                   algorithm=dict(algorithm_section(values)))
 
     @classmethod
     def metric_names(cls) -> tuple[str, ...]:
@@ -78,6 +85,18 @@ class RoundRecord:
     def csv_columns(cls) -> tuple[str, ...]:
         """``round`` (1-based) and the per-round figures the plots and the report read."""
         return ("round", *(item.name for item in dataclasses.fields(cls) if item.metadata.get("csv")))
+
+
+# FedCME's keys, which a record held at its top level (for every algorithm) before the algorithm section.
+LEGACY_ALGORITHM_KEYS = ("pairs", "evaluation_vectors")
+
+
+def algorithm_section(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The algorithm's own section of a history record (a dict), in either form: ``record["algorithm"]``,
+    or for a record written before it existed, the FedCME keys at its top level."""
+    if "algorithm" in record:
+        return record["algorithm"]
+    return {key: record[key] for key in LEGACY_ALGORITHM_KEYS if key in record}
 
 
 def round_line(record: Mapping[str, Any], total_rounds: int, elapsed: float, rounds_done_here: int) -> str:

@@ -8,10 +8,10 @@ The names below are the package's public face.
 
 from __future__ import annotations
 
-from ..evaluation import torch_threads
-from .executors import Executor, SerialExecutor, balanced_groups, largest_first, with_retries
-from .loop import run_experiment, run_round
-from .setup import (
+from fedcme_core.client.evaluation import torch_threads
+from fedcme_core.rounds.executors import Executor, SerialExecutor, balanced_groups, largest_first, with_retries
+from fedcme_core.rounds.loop import run_experiment, run_round
+from fedcme_core.rounds.setup import (
     available_cores,
     experiment_subset,
     final_model,
@@ -24,7 +24,7 @@ from .setup import (
     run_partition,
     split_line,
 )
-from .steps import (
+from fedcme_core.rounds.steps import (
     aggregate_step,
     commit_round,
     evaluate_step,
@@ -33,7 +33,7 @@ from .steps import (
     select_step,
     train_phase_step,
 )
-from .store import (
+from fedcme_core.rounds.store import (
     RecoveryWarning,
     RunError,
     RunPaths,

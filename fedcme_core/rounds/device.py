@@ -20,8 +20,8 @@ from collections.abc import Iterator
 
 import torch
 
-from .. import data as data_module
-from ..compute import Compute
+from fedcme_core.data import datasets as data_module
+from fedcme_core.client.compute import Compute
 
 _LOCK = threading.Lock()
 _RESIDENT: dict[tuple[int, str, bool], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}

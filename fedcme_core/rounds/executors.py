@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ..faults import StepFailure
+from fedcme_core.server.faults import StepFailure
 
 
 class Executor(Protocol):

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-from ..locks import FileLock
-from .store import RunError
+from fedcme_core.common.locks import FileLock
+from fedcme_core.rounds.store import RunError
 
 _held: dict[str, list] = {}  # lock file (real path) -> [FileLock, how many holds of this process]
 _guard = threading.Lock()

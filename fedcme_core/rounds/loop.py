@@ -13,20 +13,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..algorithms import build_algorithm
-from ..config import ExperimentConfig
-from ..faults import StepFailure, dropped_clients, surviving_donors
-from ..records import RoundRecord
-from . import store
-from .executors import Executor, SerialExecutor, largest_first
-from .setup import prepare_run
-from .steps import (
+from fedcme_core.algorithms import build_algorithm, round_phases
+from fedcme_core.config.schema import ExperimentConfig
+from fedcme_core.server.faults import StepFailure, dropped_clients, surviving_donors
+from fedcme_core.results.records import RoundRecord
+from fedcme_core.rounds import store
+from fedcme_core.rounds.executors import Executor, SerialExecutor, largest_first
+from fedcme_core.rounds.setup import prepare_run
+from fedcme_core.rounds.steps import (
     aggregate_step,
     commit_round,
     evaluate_step,
     exchange_step,
+    later_phase_start,
     match_step,
-    phase_two_start,
     select_step,
     train_phase_step,
 )
@@ -40,9 +40,10 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
     timings: dict[str, float] = {}
 
     def timed(name: str, action: Callable[[], Any]) -> Any:
+        """`action()`, its time added to `name`_seconds (several exchanges or later phases: summed)."""
         started = time.perf_counter()
         result = action()
-        timings[f"{name}_seconds"] = time.perf_counter() - started
+        timings[f"{name}_seconds"] = timings.get(f"{name}_seconds", 0.0) + time.perf_counter() - started
         return result
 
     selected = executor.call("select", select_step, config, round_index)
@@ -72,26 +73,25 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
                 finished.append(results[client])
         return finished
 
-    phases = algorithm.phases(config.training.local_epochs)
-    summaries = timed("phase1", lambda: train_phase(0, {}))
-    phase_summaries = [summaries]
-    if len(phases) == 2:
-        # SPEC step 5: counterparts exchange; one whose partner is lost trains on with its own model.
+    phase_summaries = [timed("phase1", lambda: train_phase(0, {}))]
+    for phase_index in range(1, len(round_phases(algorithm, config.training.local_epochs))):
+        # SPEC step 5 at each phase boundary: counterparts exchange; one whose partner is lost trains
+        # on with its own model.
         donors = surviving_donors({int(r): int(d) for r, d in matching["donors"].items()}, training)
         exchanged = timed("exchange", lambda: executor.call("exchange", exchange_step, config, run_dir, round_index, donors))
-        starts = {client: phase_two_start(run_dir, round_index, client, exchanged) for client in training}
-        phase_summaries.append(timed("phase2", lambda: train_phase(1, starts)))
-        summaries = summaries + phase_summaries[-1]
+        starts = {client: later_phase_start(run_dir, round_index, client, exchanged) for client in training}
+        phase_summaries.append(timed("phase2", lambda: train_phase(phase_index, starts)))
+    summaries = [summary for phase in phase_summaries for summary in phase]
     lost = {**{client: "dropped out (simulated availability)" for client in dropped}, **failed}
     aggregate = timed(
-        "aggregate", lambda: executor.call("aggregate", aggregate_step, config, run_dir, round_index, training, lost)
+        "aggregate",
+        lambda: executor.call("aggregate", aggregate_step, config, run_dir, round_index, training, lost, matching),
     )
     metrics = timed("evaluate", lambda: executor.call("evaluate", evaluate_step, config, run_dir, round_index))
     record = RoundRecord(
         round=round_index,
         selected=[int(client) for client in selected],
-        pairs=matching["pairs"],
-        **aggregate["algorithm_record"],  # what the algorithm records of the uploads
+        algorithm=aggregate["algorithm_record"],  # the algorithm's own section (its matching, its uploads)
         train_loss=aggregate["train_loss"],
         **metrics,
         client_train_seconds=float(sum(summary["seconds"] for summary in summaries)),

@@ -1,6 +1,6 @@
 """Set-up and recovery of a run: its dataset, partition, layout and precision, and round 0.
 
-The DVC stages (``flows/stages.py``) call the same functions for the subset and the
+The DVC stages (``flows/pipeline/stages.py``) call the same functions for the subset and the
 partition, so a stage's partition file is the one a run would make itself.
 """
 
@@ -13,20 +13,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import compute as compute_module
-from .. import data as data_module
-from ..algorithms import build_algorithm
-from ..compute import Compute, ComputeChoice
-from ..config import ExperimentConfig, PartitionConfig
-from ..data_sources import resolve_mirror
-from ..evaluation import torch_threads
-from ..models import SplitModel, build_model, parameter_split, resolve_device
-from ..partition import class_counts
-from ..partition_file import Partition, load_partition, save_partition
-from ..seeding import derive_seed
-from ..training import FP32
-from . import store
-from .store import RunError, RunPaths
+from fedcme_core.client import compute as compute_module
+from fedcme_core.data import datasets as data_module
+from fedcme_core.algorithms import build_algorithm
+from fedcme_core.client.compute import Compute, ComputeChoice
+from fedcme_core.config.schema import ExperimentConfig, PartitionConfig
+from fedcme_core.data.sources import resolve_mirror
+from fedcme_core.client.evaluation import torch_threads
+from fedcme_core.client.models import SplitModel, build_model, parameter_split, resolve_device
+from fedcme_core.data.partition import class_counts
+from fedcme_core.data.partition_file import Partition, load_partition, save_partition
+from fedcme_core.common.seeding import derive_seed
+from fedcme_core.client.training import FP32, training_step
+from fedcme_core.rounds import store
+from fedcme_core.rounds.store import RunError, RunPaths
 
 
 def experiment_subset(dataset: data_module.Dataset, train: int | None, test: int | None, seed: int) -> data_module.Dataset:
@@ -108,7 +108,7 @@ def resolve_run_compute(config: ExperimentConfig, num_classes: int) -> ComputeCh
     device = resolve_device(config.device)
     training = config.training
     key = f"{config.model.name}|{config.projection_dim}|{config.input_shape}|batch {training.batch_size}"
-    step = compute_module.training_step(config.model.name, num_classes, config.projection_dim, config.input_shape,
+    step = training_step(config.model.name, num_classes, config.projection_dim, config.input_shape,
                                         training, device)
     with torch_threads(1):
         return compute_module.resolve(training.channels_last, training.precision, device, key, step)

@@ -6,32 +6,35 @@ returns small plain data, so any executor can run it on any worker.
            and writes swap checkpoints) -> exchange (barrier) -> phase 2 -> upload (step 7)
            -> aggregate (w^{t+1} and the algorithm's state) -> evaluate -> commit
 
+(an algorithm of one phase has no exchange; one of more phases exchanges at each boundary).
+
 What differs between algorithms is asked of the algorithm's hooks (``fedcme_core.algorithms``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..aggregation import select_clients, weighted_average
-from ..algorithms import ClientContext, Upload, build_algorithm
-from ..augment import augmentation
-from ..checkpoints import CheckpointError
-from ..config import ExperimentConfig
-from ..evaluation import evaluate
-from ..faults import require_enough_clients, update_problem
-from ..models import resolve_device
-from ..seeding import torch_generator
-from ..training import load_local_run, save_local_run, start_local_run, train_epochs
-from . import store
-from .device import client_data, worker_stream
-from .setup import available_cores, load_experiment_dataset, new_model, run_compute, run_partition
-from .store import RunError, RunPaths
+from fedcme_core.server.aggregation import select_clients, weighted_average
+from fedcme_core.algorithms import ClientContext, Matching, Upload, build_algorithm, round_phases
+from fedcme_core.data.augment import augmentation
+from fedcme_core.common.checkpoints import CheckpointError
+from fedcme_core.config.schema import ExperimentConfig
+from fedcme_core.client.evaluation import evaluate
+from fedcme_core.server.faults import require_enough_clients, update_problem
+from fedcme_core.client.models import resolve_device
+from fedcme_core.common.seeding import torch_generator
+from fedcme_core.client.training import load_local_run, save_local_run, start_local_run, train_epochs
+from fedcme_core.rounds import store
+from fedcme_core.rounds.device import client_data, worker_stream
+from fedcme_core.rounds.setup import available_cores, load_experiment_dataset, new_model, run_compute, run_partition
+from fedcme_core.rounds.store import RunError, RunPaths
 
 
 def select_step(config: ExperimentConfig, round_index: int) -> list[int]:
@@ -90,7 +93,7 @@ def train_phase_step(
     inputs, labels = client_data(dataset, torch.tensor(partition.clients[client_id]), device, compute)  # [D_k, ...]
 
     model = new_model(config, dataset.num_classes, device, compute)
-    phases = algorithm.phases(config.training.local_epochs)
+    phases = round_phases(algorithm, config.training.local_epochs)
     first_epoch, last_epoch = phases[phase_index]
     if phase_index == 0:
         model.load_state_dict(state["model"])
@@ -140,7 +143,9 @@ def exchange_step(config: ExperimentConfig, run_dir: str | Path, round_index: in
     return {client: str(destinations[client]) for client in received}
 
 
-def phase_two_start(run_dir: str | Path, round_index: int, client_id: int, exchanged: dict[int, str]) -> str:
+def later_phase_start(run_dir: str | Path, round_index: int, client_id: int, exchanged: dict[int, str]) -> str:
+    """Where a client's phase after the first starts: the checkpoint the exchange before it wrote for
+    the client (`exchanged`: receiver -> checkpoint), else its own swap checkpoint."""
     return exchanged.get(client_id, str(RunPaths(run_dir).swap_checkpoint(round_index, client_id)))
 
 
@@ -163,11 +168,13 @@ def usable_uploads(config: ExperimentConfig, run_dir: str | Path, round_index: i
 
 
 def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, clients: list[int],
-                   lost: dict[int, str] | None = None) -> dict[str, Any]:
+                   lost: dict[int, str] | None = None, matching: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """SPEC step 8: w^{t+1} (weighted by D_k) and the algorithm's server state, held for commit.
 
     Updates with non-finite values or a diverged loss are rejected first; `lost` (client ->
     reason) names the clients that dropped out or failed, for the error when too few remain.
+    `matching` is the round's (what :func:`match_step` returned), for the algorithm's section of the
+    round's record (``algorithm_record``).
     """
     algorithm = build_algorithm(config.algorithm)
     state = store.shared_server_state(run_dir, round_index)  # read-only: aggregate_state returns new state
@@ -184,7 +191,15 @@ def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: i
     })
     train_loss = float(np.average([f["epoch_losses"][-1] for f in files], weights=weights))
     return {"train_loss": train_loss, "clients": len(uploads), "rejected": rejected,
-            "algorithm_record": algorithm.round_record(uploads)}
+            "algorithm_record": algorithm.round_record(matching_of(matching), uploads)}
+
+
+def matching_of(matching: Mapping[str, Any] | None) -> Matching:
+    """A :class:`Matching` from :func:`match_step`'s plain form (None: nobody matched)."""
+    if matching is None:
+        return Matching()
+    return Matching(pairs=[(int(a), int(b)) for a, b in matching["pairs"]],
+                    donors={int(receiver): int(donor) for receiver, donor in matching["donors"].items()})
 
 
 def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int) -> dict[str, Any]:

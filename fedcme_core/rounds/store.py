@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints import CheckpointError, atomic_write_bytes, load_checkpoint, save_checkpoint
-from ..compute import ComputeChoice
-from ..config import config_from_dict
-from ..partition_file import Partition, load_partition
+from fedcme_core.common.checkpoints import CheckpointError, atomic_write_bytes, load_checkpoint, save_checkpoint
+from fedcme_core.client.compute import ComputeChoice
+from fedcme_core.config.schema import ExperimentConfig, config_from_dict
+from fedcme_core.data.partition_file import Partition, load_partition
 
 
 class RunError(ValueError):
@@ -59,7 +59,7 @@ class RunPaths:
 
     @property
     def compute(self) -> Path:
-        """The run's memory layout and precision, resolved once (fedcme_core.compute)."""
+        """The run's memory layout and precision, resolved once (fedcme_core.client.compute)."""
         return self.root / "compute.json"
 
     def server_state(self, round_index: int) -> Path:
@@ -105,14 +105,29 @@ def config_json(config) -> str:
     return json.dumps(values, indent=2, sort_keys=True) + "\n"
 
 
+# The config.json texts this process wrote: today's form, so compared as text and never parsed back.
+_WRITTEN_HERE: set[str] = set()
+
+
 def recorded_config_json(text: str, path: Path) -> str | None:
     """A recorded config.json's text as this code writes it: a config recorded before an option was
     added reads with that option's default (the results it defines are the same); None when it no
-    longer validates."""
+    longer validates. Parses `text`: only for a record another process wrote (:func:`recorded_matches`)."""
     try:
         return config_json(config_from_dict(json.loads(text), source=str(path)))
     except ValueError:  # not JSON, or a config this code refuses (ConfigError)
         return None
+
+
+def recorded_matches(text: str, wanted: str, path: Path) -> bool:
+    """Whether the config.json `text` at `path` records the config whose :func:`config_json` is `wanted`.
+
+    The serialised forms are compared: a run recorded by this code (every resumed run, and any
+    written by this process) matches as text, and nothing is parsed. Only a text in another form,
+    written by another process (possibly an older code version), is parsed back to be compared."""
+    if text == wanted or text in _WRITTEN_HERE:
+        return text == wanted
+    return recorded_config_json(text, path) == wanted
 
 
 def run_directory_matches(config, run_dir: str | Path) -> bool:
@@ -120,8 +135,7 @@ def run_directory_matches(config, run_dir: str | Path) -> bool:
     path, wanted = RunPaths(run_dir).config, config_json(config)
     if not path.exists():
         return True
-    text = path.read_text(encoding="utf-8")
-    return text == wanted or recorded_config_json(text, path) == wanted
+    return recorded_matches(path.read_text(encoding="utf-8"), wanted, path)
 
 
 def write_config(config, run_dir: str | Path) -> None:
@@ -131,9 +145,23 @@ def write_config(config, run_dir: str | Path) -> None:
     text = paths.config.read_text(encoding="utf-8") if paths.config.exists() else None
     if text == wanted:
         return
-    if text is not None and recorded_config_json(text, paths.config) != wanted:
+    if text is not None and not recorded_matches(text, wanted, paths.config):
         raise RunError(f"{paths.root}: holds a run of a different config; use a new experiment name or directory")
     atomic_write_bytes(paths.config, wanted.encode("utf-8"))
+    _WRITTEN_HERE.add(wanted)
+
+
+def recorded_config(run_dir: str | Path, rounds: int) -> ExperimentConfig:
+    """The config a run directory records, validated, with `rounds` as its `federation.rounds` (which
+    config.json leaves out): for a process that did not train the run (``fedcme sync``) and so has
+    no config object of its own; a process that trains passes its validated config down instead."""
+    path = RunPaths(run_dir).config
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        values["federation"]["rounds"] = rounds
+    except (ValueError, KeyError, TypeError) as error:
+        raise RunError(f"{path}: not a recorded config ({type(error).__name__}: {error})") from None
+    return config_from_dict(values, source=str(path))
 
 
 def write_compute_choice(run_dir: str | Path, choice: ComputeChoice) -> None:

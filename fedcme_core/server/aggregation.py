@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from fedcme_core.seeding import numpy_rng
+from fedcme_core.common.seeding import numpy_rng
 
 
 def select_clients(

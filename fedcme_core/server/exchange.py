@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 import torch
 
-from .checkpoints import load_checkpoint, save_checkpoint
-from .faults import state_problem
-from .models import is_classifier_key
+from fedcme_core.common.checkpoints import load_checkpoint, save_checkpoint
+from fedcme_core.server.faults import state_problem
+from fedcme_core.client.models import is_classifier_key
 
 ExchangePart = Literal["classifier", "extractor", "model"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .seeding import numpy_rng
+from fedcme_core.common.seeding import numpy_rng
 
 
 class RoundError(RuntimeError):

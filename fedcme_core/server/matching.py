@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedcme_core.evaluation import evaluate
-from fedcme_core.seeding import numpy_rng
+from fedcme_core.client.evaluation import evaluate
+from fedcme_core.common.seeding import numpy_rng
 
 Pair = tuple[int, int]
 
@@ -189,9 +189,9 @@ def _sorted_unique(clients: Sequence[int]) -> list[int]:
 def matching_similarity(history: Sequence[Mapping]) -> list[dict]:
     """What the matching did each round, replayed from a run's history (SPEC step 2).
 
-    The server's table starts empty and takes each round's uploaded ``evaluation_vectors``
-    after that round, so round r's pairs are scored with the vectors the server held when it
-    matched them. Per round (1-based ``round``): ``pairs`` (those whose two clients both had a
+    The server's table starts empty and takes each round's uploaded ``evaluation_vectors`` (in the
+    record's algorithm section) after that round, so round r's pairs are scored with the vectors
+    the server held when it matched them. Per round (1-based ``round``): ``pairs`` (those whose two clients both had a
     vector, so the similarity chose them), ``matched_cosine`` (their mean cos) and
     ``random_cosine`` (the mean cos over every pair of selected clients with a vector: what a
     random pairing gives on average); the cosines are None when there is nothing to score.
@@ -199,8 +199,11 @@ def matching_similarity(history: Sequence[Mapping]) -> list[dict]:
     table: dict[int, np.ndarray] = {}
     rounds = []
     for record in sorted(history, key=lambda record: int(record["round"])):
+        # The algorithm's section of the record (``fedcme_core.results.records.algorithm_section``);
+        # a record written before the section existed holds FedCME's keys at its top level.
+        section = record.get("algorithm", record)
         scored = [int(client) for client in record.get("selected", []) if int(client) in table]
-        pairs = [[int(a), int(b)] for a, b in record.get("pairs", []) if int(a) in table and int(b) in table]
+        pairs = [[int(a), int(b)] for a, b in section.get("pairs", []) if int(a) in table and int(b) in table]
         everyone = [(a, b) for position, a in enumerate(scored) for b in scored[position + 1:]]
         rounds.append({
             "round": int(record["round"]) + 1,
@@ -208,7 +211,7 @@ def matching_similarity(history: Sequence[Mapping]) -> list[dict]:
             "matched_cosine": _mean_cosine(table, pairs),
             "random_cosine": _mean_cosine(table, everyone),
         })
-        for client, vector in (record.get("evaluation_vectors") or {}).items():
+        for client, vector in (section.get("evaluation_vectors") or {}).items():
             table[int(client)] = np.asarray(vector, dtype=np.float64)
     return rounds
 

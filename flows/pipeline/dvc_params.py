@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedcme_core.config_files import ConfigError, read_yaml
+from fedcme_core.config.files import ConfigError, read_yaml
 
 _REFERENCE = re.compile(r"\$\{\s*([^}\s]+)\s*\}")
 _MISSING = object()

@@ -1,6 +1,6 @@
 """`dvc repro` with one Prefect server for the whole grid.
 
-    python -m flows.repro [DVC REPRO ARGUMENTS ...]      (what `make run` runs)
+    python -m flows.pipeline.repro [DVC REPRO ARGUMENTS ...]      (what `make run` runs)
 
 Each train stage is its own `fedcme train`-like process. With no Prefect API configured, each
 would start and stop a temporary Prefect server of its own: seconds per experiment, and its
@@ -12,10 +12,8 @@ flow run's end on the server), then the server. With an API URL already configur
 plain `dvc repro`.
 
 Grid progress: before dvc starts, `dvc status` names the experiments (train and ablation stages)
-that this repro will run (all of them with ``--force``); while dvc runs, a thread watches
-``metrics/<exp>.json`` and prints one plain line per finished experiment (:func:`progress_line`:
-k of N, its final accuracy, the time since the start, and an ETA from the measured time per
-experiment), the same in a terminal and in CI logs. The stages' own lines are untouched.
+that this repro will run (all of them with ``--force``); while dvc runs, :mod:`flows.pipeline.progress`
+prints one plain line per finished experiment, or one bar in a terminal.
 """
 
 from __future__ import annotations
@@ -26,47 +24,21 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from flows.pipeline.progress import GridDisplay, GridProgress, pump
 
 STAGE_STOP_SECONDS = 60
-POLL_SECONDS = 2.0
-
-
-def duration(seconds: float) -> str:
-    """45s, 4m12s, 1h03m."""
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def progress_line(done: int, total: int, experiment: str, final_accuracy: float | None, elapsed: float,
-                  run_seconds: Sequence[float]) -> str:
-    """One line per finished experiment: "[grid] 3 of 8 done: <exp>: final accuracy 71.23%, elapsed 4m12s,
-    ETA 7m00s"; the ETA is the mean of `run_seconds` (the measured time per experiment so far) times the
-    experiments left, "grid done" after the last."""
-    accuracy = "–" if final_accuracy is None else f"{100 * final_accuracy:.2f}%"
-    if done >= total:
-        eta = "grid done"
-    elif run_seconds:
-        eta = f"ETA {duration(sum(run_seconds) / len(run_seconds) * (total - done))}"
-    else:
-        eta = "ETA unknown"
-    return f"[grid] {done} of {total} done: {experiment}: final accuracy {accuracy}, elapsed {duration(elapsed)}, {eta}"
 
 
 def stage_experiments(params_path: str = "params.yaml") -> dict[str, str]:
     """{dvc stage name: experiment name} of every train and ablation stage of the grid file
     (``train@fedavg-fmnist-a1.0-clients0-0``: dvc.yaml's matrix names a (K, M) pair by its position)."""
-    from fedcme_core.params import load_params
+    from fedcme_core.config.params import load_params
 
-    from .stages import experiment_name
+    from flows.pipeline.stages import experiment_name
 
     params = load_params(params_path)
     stages = {}
@@ -92,48 +64,6 @@ def pending_experiments(arguments: Sequence[str]) -> list[str]:
     if "-f" in arguments or "--force" in arguments:
         changed = set(stages) if not targets else changed | set(targets)
     return [experiment for stage, experiment in stages.items() if stage in changed]
-
-
-class GridProgress(threading.Thread):
-    """Watches ``metrics/<exp>.json`` of `experiments` and calls `write` with a :func:`progress_line`
-    for each that is (re)written after the start, in the order they finish."""
-
-    def __init__(self, experiments: Sequence[str], metrics: Path = Path("metrics"),
-                 write: Callable[[str], None] = lambda line: print(line, flush=True)):
-        super().__init__(daemon=True)
-        self.pending = list(experiments)
-        self.total = len(self.pending)
-        self.metrics, self.write = Path(metrics), write
-        self.started_wall, self.started = time.time(), time.monotonic()
-        self.finished: list[float] = []  # monotonic times
-        self.halt = threading.Event()
-
-    def poll(self) -> None:
-        for experiment in list(self.pending):
-            path = self.metrics / f"{experiment}.json"
-            try:
-                if path.stat().st_mtime < self.started_wall:
-                    continue
-                accuracy = json.loads(path.read_text(encoding="utf-8")).get("final_accuracy")
-            except (OSError, ValueError):
-                continue
-            now = time.monotonic()
-            runs = [end - start for start, end in zip([self.started, *self.finished], [*self.finished, now])]
-            self.finished.append(now)
-            self.pending.remove(experiment)
-            self.write(progress_line(len(self.finished), self.total, experiment,
-                                     accuracy if isinstance(accuracy, (int, float)) else None,
-                                     now - self.started, runs))
-
-    def run(self) -> None:
-        while not self.halt.wait(POLL_SECONDS):
-            self.poll()
-
-    def stop(self) -> None:
-        """Stop watching, after a last look (an experiment that finished just before dvc exited)."""
-        self.halt.set()
-        self.join()
-        self.poll()
 
 
 def interrupt(signal_number, frame) -> None:
@@ -171,8 +101,8 @@ def stop_within(process: subprocess.Popen, seconds: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .command import quiet_environment, report_errors
-    from .prefect_server import run_against_prefect
+    from flows.command import quiet_environment, report_errors
+    from flows.prefect_server import run_against_prefect
 
     arguments = list(sys.argv[1:] if argv is None else argv)
     quiet_environment()
@@ -180,15 +110,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     def repro(ready) -> int:
         ready()
         experiments = pending_experiments(arguments)
+        display = GridDisplay()
         if experiments:
-            print(f"[grid] {len(experiments)} experiment{'s' if len(experiments) != 1 else ''} to train", flush=True)
-        progress = GridProgress(experiments)
+            display.line(f"[grid] {len(experiments)} experiment{'s' if len(experiments) != 1 else ''} to train")
+        progress = GridProgress(experiments, display=display)
+        # In a terminal, dvc's output comes through pipes and is written above the progress bar.
+        piped = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+                 "env": {**os.environ, "PYTHONUNBUFFERED": "1"}} if progress.bar else {}
         progress.start()
         # dvc and its stages in a process group of their own, so that stopping them reaches
         # exactly them (not a script that started this command).
-        process = subprocess.Popen(["dvc", "repro", *arguments], process_group=0)
+        process = subprocess.Popen(["dvc", "repro", *arguments], process_group=0, **piped)
+        pumps = [pump(process.stdout, display, sys.stdout), pump(process.stderr, display, sys.stderr)] if piped else []
         try:
             code = process.wait()
+            for thread in pumps:
+                thread.join(timeout=5)
             progress.stop()
             return code
         except KeyboardInterrupt:
@@ -196,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
             stop_within(process, STAGE_STOP_SECONDS)
+            for thread in pumps:
+                thread.join(timeout=5)
+            progress.halt.set()
+            display.close()
             raise
 
     signal.signal(signal.SIGTERM, interrupt)
@@ -204,6 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .command import exit_promptly
+    from flows.command import exit_promptly
 
     exit_promptly(main())

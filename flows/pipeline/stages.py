@@ -1,18 +1,18 @@
 """The DVC stages of the experiment pipeline (``dvc.yaml``): prepare, partition, train.
 
-    python -m flows.stages prepare   --dataset fmnist
-    python -m flows.stages partition --dataset fmnist --partition a0.1 --clients 50 --seed 0
-    python -m flows.stages train     --method fedcme-mu001 --dataset fmnist --partition a0.1 \\
+    python -m flows.pipeline.stages prepare   --dataset fmnist
+    python -m flows.pipeline.stages partition --dataset fmnist --partition a0.1 --clients 50 --seed 0
+    python -m flows.pipeline.stages train     --method fedcme-mu001 --dataset fmnist --partition a0.1 \\
                                      --clients 50 --per-round 20 --seed 0
 
-``--partition`` takes a partition tag of the grid (:mod:`fedcme_core.partition_tags`): ``a0.1``
+``--partition`` takes a partition tag of the grid (:mod:`fedcme_core.config.partition_tags`): ``a0.1``
 (the base's Dirichlet-family partition with alpha 0.1) or ``c2`` (2 labels per client).
 
-Every stage reads ``params.yaml`` and validates all of it first (:mod:`fedcme_core.params`):
+Every stage reads ``params.yaml`` and validates all of it first (:mod:`fedcme_core.config.params`):
 ``base`` is the experiment config every run starts from, ``methods.<name>`` an algorithm section
 (plus an optional display ``label``, ``group`` and ``setup``, overrides of its cells' config),
 ``datasets.<name>`` the model of each dataset, ``report.target_accuracy``. The report stage
-is ``python -m flows.report``. Outputs are written atomically; a train stage whose run
+is ``python -m flows.report.build``. Outputs are written atomically; a train stage whose run
 directory holds another config starts that run over, one that holds the same config resumes it.
 """
 
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from fedcme_core.checkpoints import atomic_write_bytes, save_checkpoint
-from fedcme_core.data import load_prepared, save_prepared
-from fedcme_core.data_sources import load_raw, resolve_mirror
+from fedcme_core.common.checkpoints import atomic_write_bytes, save_checkpoint
+from fedcme_core.data.datasets import load_prepared, save_prepared
+from fedcme_core.data.sources import load_raw, resolve_mirror
 from fedcme_core.rounds import (
     completed_rounds,
     experiment_subset,
@@ -37,12 +37,13 @@ from fedcme_core.rounds import (
     make_partition,
     run_directory_matches,
 )
-from fedcme_core.matching import matching_similarity
-from fedcme_core.metrics import history_csv, split_summary, summarize, with_content_hash
-from fedcme_core.params import ParamsFile, load_params, setting_label
-from fedcme_core.partition import class_counts
-from fedcme_core.partition_tags import parse_partition_tag, partition_label
-from fedcme_core.partition_file import save_partition
+from fedcme_core.server.matching import matching_similarity
+from fedcme_core.results.metrics import history_csv, split_summary, summarize, with_content_hash
+from fedcme_core.config.params import ParamsFile, load_params
+from fedcme_core.config.sections import setting_label
+from fedcme_core.data.partition import class_counts
+from fedcme_core.config.partition_tags import parse_partition_tag, partition_label
+from fedcme_core.data.partition_file import save_partition
 from fedcme_core.rounds.lock import hold_run
 
 PARAMS = "params.yaml"
@@ -132,13 +133,25 @@ def train(arguments: argparse.Namespace, params: ParamsFile) -> None:
     metrics/matching/<exp>.json and models/<exp>.pt.
 
     With no Prefect API configured, the stage starts its temporary Prefect server first (as
-    `fedcme train` does), and that server dies with the stage."""
-    from .prefect_server import run_against_prefect
+    `fedcme train` does), and that server dies with the stage.
+
+    The run nests under its grid run's parent MLflow run (:mod:`flows.tracking_grid`), found or
+    created here while the Prefect server starts; a stage that fails marks the parent FAILED."""
+    from flows.prefect_server import run_against_prefect
 
     def action(ready) -> None:
-        from .train import run_training
+        from flows.tracking_grid import end_grid_parent, open_grid_parent
+        from flows.train import run_training
 
-        train_cell(arguments, params, functools.partial(run_training, ready=ready))
+        parent = open_grid_parent(params, arguments.params)
+        try:
+            train_cell(arguments, params, functools.partial(run_training, ready=ready, mlflow_parent_run_id=parent))
+        except KeyboardInterrupt:
+            end_grid_parent(parent, "KILLED")
+            raise
+        except BaseException:
+            end_grid_parent(parent, "FAILED")
+            raise
 
     run_against_prefect(action, "this stage")
 
@@ -201,7 +214,7 @@ def partition_tag(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m flows.stages", description="DVC stages of the fedcme pipeline")
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline.stages", description="DVC stages of the fedcme pipeline")
     parser.add_argument("--params", default=PARAMS)
     stages = parser.add_subparsers(dest="stage", required=True)
     prepare_parser = stages.add_parser("prepare")
@@ -224,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .command import quiet_environment, report_errors
+    from flows.command import quiet_environment, report_errors
 
     arguments = build_parser().parse_args(argv)
     quiet_environment()
@@ -233,6 +246,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .command import exit_promptly
+    from flows.command import exit_promptly
 
     exit_promptly(main())

@@ -3,14 +3,17 @@
 It reproduces the forms in which FedCME's paper (Nie et al., arXiv:2307.08574) reports its
 results, each cell the mean ± std over the grid's seeds: Table II (final test accuracy, methods x
 settings), Table III (test accuracy at T/5 ... T and rounds to a target, for one setting), the
-ablation comparison (its Table IV), the paired differences against FedAvg (:mod:`flows.seed_stats`),
-the paper's claims checked against the runs (:mod:`flows.report_claims`), the settings where FedCME
+ablation comparison (its Table IV), the paired differences against FedAvg (:mod:`flows.report.seed_stats`),
+the paper's claims checked against the runs (:mod:`flows.report.claims`), the settings where FedCME
 does not win, and the figures others published for these settings beside ours
-(:mod:`flows.report_published`). It reads a metrics folder (:mod:`flows.report_inputs`).
+(:mod:`flows.report.published`). It reads a metrics folder (:mod:`flows.report.inputs`).
 
-    python -m flows.report --metrics metrics --markdown reports/results.md --png reports/figures/accuracy.png \\
+    python -m flows.report.build --metrics metrics --markdown reports/results.md --png reports/figures/accuracy.png \\
         --csv reports/results.csv --grid default --summary reports/summary --curves reports/curves \\
-        --params params.yaml
+        --params params.yaml --mlflow-parent
+
+With ``--mlflow-parent`` (the report stage of dvc.yaml), the report's files and per-method summary
+metrics go to the grid run's parent MLflow run, which then ends (:mod:`flows.tracking_grid`).
 """
 
 from __future__ import annotations
@@ -22,15 +25,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedcme_core.checkpoints import atomic_write_bytes
-from fedcme_core.params import MethodEntry, ParamsFile, load_params
+from fedcme_core.common.checkpoints import atomic_write_bytes
+from fedcme_core.config.params import ParamsFile, load_params
+from fedcme_core.config.sections import MethodEntry
 
-from .report_dvc import curve_tables, summary_metrics
-from .report_claims import claims_section
-from .report_figures import curves_png, matching_png
-from .report_inputs import load_matching, load_metrics, matching_runs
-from .report_published import Published, published_figures, published_table
-from .report_tables import (
+from flows.report.compare import curve_tables, summary_metrics
+from flows.report.claims import claims_section
+from flows.report.figures import curves_png, matching_png
+from flows.report.inputs import load_matching, load_metrics, matching_runs
+from flows.report.published import Published, published_figures, published_table
+from flows.report.tables import (
     ablation_entries,
     accuracy_table,
     fraction_column_name,
@@ -39,8 +43,8 @@ from .report_tables import (
     unique_in_order,
     where_fedcme_does_not_win,
 )
-from .seed_stats import REFERENCE_METHOD, config_columns, summary_csv
-from .stages import experiment_name
+from flows.report.seed_stats import REFERENCE_METHOD, config_columns, summary_csv
+from flows.pipeline.stages import experiment_name
 
 DEFAULT_FINAL_WINDOW = 5
 
@@ -84,7 +88,7 @@ def report_markdown(
     """The report's Markdown text; `links` holds the figures' relative paths (accuracy, ablation, matching),
     `note` an opening paragraph (where the runs come from), `published` the figures others published
     for these settings ((label, figure) of the grid file's ``report.published``), set beside ours, and
-    `methods` the grid file's methods, by which the paper's claims are checked (:mod:`flows.report_claims`)."""
+    `methods` the grid file's methods, by which the paper's claims are checked (:mod:`flows.report.claims`)."""
     main_entries = [entry for entry in entries if entry["group"] == "main"]
     fractions = unique_in_order([key for entry in main_entries for key in entry["accuracy_at"]])
     fraction_text = ", ".join(fraction_column_name(key) for key in fractions) or "fractions of T"
@@ -171,7 +175,7 @@ def write_report(
     configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     """Write the Markdown report, its figures and (with `output_csv`) the grid's summary CSV, each atomically;
-    with `output_summary` and `output_curves`, what DVC shows (:mod:`flows.report_dvc`): the folder of
+    with `output_summary` and `output_curves`, what DVC shows (:mod:`flows.report.compare`): the folder of
     per-method summary metrics and the folder of overlay-plot tables (the other files of each removed).
 
     The accuracy figure goes to `output_png`, the ablation and matching figures beside it as
@@ -223,7 +227,7 @@ def write_report(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: write the report of a metrics folder."""
-    parser = argparse.ArgumentParser(prog="python -m flows.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m flows.report.build", description=__doc__.splitlines()[0])
     parser.add_argument("--metrics", type=Path, default=Path("metrics"), help="folder of <experiment>.json/.csv")
     parser.add_argument("--markdown", type=Path, default=Path("reports/results.md"), help="Markdown report to write")
     parser.add_argument("--png", type=Path, default=Path("reports/figures/accuracy.png"), help="accuracy figure to write")
@@ -238,6 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the grid file: its report.published figures are set beside ours, its "
                         "methods name the runs that check the paper's claims, and its cell configs fill the "
                         "CSV's columns of what trained each row")
+    parser.add_argument("--mlflow-parent", action="store_true",
+                        help="with --params: log the report to the grid run's parent MLflow run (found or created; "
+                        "flows.tracking_grid), its experiments' runs (--runs-dir) nested under it, and end it")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="the train stages' run directories")
     arguments = parser.parse_args(argv)
     title = arguments.title or f"FedCME results: the {arguments.grid} grid"
     try:
@@ -251,7 +259,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:  # a ConfigError too
         parser.exit(2, f"error: {error}\n")
     print(f"wrote {arguments.markdown} and {arguments.png}" + (f" and {arguments.csv}" if arguments.csv else ""))
+    if arguments.mlflow_parent and params is not None:
+        log_grid_parent(arguments, params)
     return 0
+
+
+def log_grid_parent(arguments: argparse.Namespace, params: ParamsFile) -> str | None:
+    """The report's files and per-method summary metrics on the grid run's parent MLflow run, which
+    ends FINISHED (flows.tracking_grid: a tracking failure is one warning line, never a failed report)."""
+    from flows.tracking_grid import close_grid_parent, parent_metrics
+
+    files = {Path(arguments.markdown): "reports", **({Path(arguments.csv): "reports"} if arguments.csv else {}),
+             **{path: "reports/figures" for path in sorted(Path(arguments.png).parent.glob("*.png"))}}
+    summaries = {}
+    if arguments.summary is not None:
+        for path in sorted(Path(arguments.summary).glob("*.json")):
+            files[path] = "reports/summary"
+            summaries[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+    entries = load_metrics(arguments.metrics)
+    if not summaries:
+        summaries = summary_metrics(entries)
+    return close_grid_parent(params, arguments.params, report_files=files, metrics=parent_metrics(summaries, entries),
+                             runs_dir=arguments.runs_dir)
 
 
 if __name__ == "__main__":

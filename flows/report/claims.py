@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedcme_core.algorithm_configs import FedCMEConfig
-from fedcme_core.params import MethodEntry
+from fedcme_core.algorithms.fedcme import FedCMEConfig
+from fedcme_core.config.sections import MethodEntry
 
-from .report_tables import difference_text, markdown_table, unique_in_order
-from .seed_stats import (
+from flows.report.tables import difference_text, markdown_table, unique_in_order
+from flows.report.seed_stats import (
     SIGNIFICANCE, PairedDifference, SeedStats, cells_by_seed, p_phrase, p_text, paired_difference, seed_stats,
 )
 

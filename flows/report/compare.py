@@ -5,7 +5,7 @@
   rounds, SPEC.md), ``best_accuracy`` and ``accuracy_at.2/5``, as fractions like the experiments'
   files, with the same keys: `dvc metrics show` lists them as rows under the experiments' rows, in
   the same few columns, so its table fits a terminal.
-- :func:`compare_table` (``python -m flows.report_dvc compare``, what `make compare` runs): `dvc exp
+- :func:`compare_table` (``python -m flows.report.compare compare``, what `make compare` runs): `dvc exp
   show`'s rows (the workspace, commits, `dvc exp run`s), one column per method (mean final accuracy,
   %, for people) and the params that differ; a row without results (a commit: reports/ is not
   committed) is left out, with one line saying so.
@@ -27,12 +27,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedcme_core.metrics import COMPARED_FRACTION
-from fedcme_core.partition_tags import entry_partition_tag
+from fedcme_core.results.metrics import COMPARED_FRACTION
+from fedcme_core.config.partition_tags import entry_partition_tag
 
-from .report_figures import setting_curves
-from .report_tables import ablation_entries, unique_in_order
-from .stages import setting_name
+from flows.report.figures import setting_curves
+from flows.report.tables import ablation_entries, unique_in_order
+from flows.pipeline.stages import setting_name
 
 CURVE_COLUMNS = ("round", "method", "accuracy", "accuracy_min", "accuracy_max", "seeds", "setting")
 SUMMARY_COLUMN = re.compile(r"^reports/summary/(?P<method>[^/]+)\.json:final_accuracy$")
@@ -123,10 +123,10 @@ def curve_tables(entries: Sequence[Mapping[str, Any]], csv_directory: Path) -> d
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m flows.report_dvc compare [DVC EXP SHOW ARGUMENTS]`: the `make compare` table."""
+    """`python -m flows.report.compare compare [DVC EXP SHOW ARGUMENTS]`: the `make compare` table."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] != ["compare"]:
-        print("usage: python -m flows.report_dvc compare [dvc exp show arguments ...]", file=sys.stderr)
+        print("usage: python -m flows.report.compare compare [dvc exp show arguments ...]", file=sys.stderr)
         return 2
     shown = subprocess.run(["dvc", "exp", "show", "--no-pager", "--csv", *COMPARE_FILTERS, *arguments[1:]],
                            capture_output=True, text=True)

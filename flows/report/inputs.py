@@ -1,9 +1,9 @@
 """The inputs of the results report: a metrics folder's experiments and their matching records.
 
-Each experiment contributes ``metrics/<exp>.json`` (its results, :func:`fedcme_core.metrics.summarize`),
+Each experiment contributes ``metrics/<exp>.json`` (its results, :func:`fedcme_core.results.metrics.summarize`),
 ``metrics/about/<exp>.json`` (its identity: method label, setting, group, seed and the grid cell; a
 file written before 2026-12-01 holds both in one), ``metrics/<exp>.csv`` (per round) and
-``metrics/matching/<exp>.json`` (the matching, :func:`fedcme_core.matching.matching_similarity`).
+``metrics/matching/<exp>.json`` (the matching, :func:`fedcme_core.server.matching.matching_similarity`).
 Every file is checked as it is read: a bad one is one ValueError naming it.
 """
 
@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedcme_core.metrics import verify_content_hash
+from fedcme_core.results.metrics import verify_content_hash
 
-from .report_figures import matching_rounds
-from .report_tables import FEDCME_PREFIX, unique_in_order
+from flows.report.figures import matching_rounds
+from flows.report.tables import FEDCME_PREFIX, unique_in_order
 
 IDENTIFYING_KEYS = ("experiment", "method", "setting", "group", "seed")
 SUMMARY_KEYS = ("rounds", "final_accuracy", "best_accuracy", "accuracy_at", "rounds_to_target")

@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedcme_core.params import ParamsFile, PublishedFigure
-from fedcme_core.partition_tags import entry_partition_tag
+from fedcme_core.config.params import ParamsFile
 
-from .report_tables import MISSING_CELL, markdown_table, stats_cell
-from .seed_stats import ACCURACY_KEYS, SeedStats, cells_by_seed, seed_stats
+from fedcme_core.config.sections import PublishedFigure
+from fedcme_core.config.partition_tags import entry_partition_tag
+
+from flows.report.tables import MISSING_CELL, markdown_table, stats_cell
+from flows.report.seed_stats import ACCURACY_KEYS, SeedStats, cells_by_seed, seed_stats
 
 BOUND_POINTS = 2.5
 MEASURE_NAMES = {"final_accuracy": "final (mean of the last rounds)", "accuracy_at_2T5": "at 2T/5",

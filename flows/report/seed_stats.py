@@ -22,7 +22,7 @@ from typing import Any
 
 from scipy import stats
 
-from fedcme_core.partition_tags import partition_description
+from fedcme_core.config.partition_tags import partition_description
 
 REFERENCE_METHOD = "FedAvg"
 SIGNIFICANCE = 0.05  # a paired t-test p below this, with no seed lost, is a demonstrated win

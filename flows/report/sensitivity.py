@@ -1,8 +1,8 @@
 """The sensitivity study's analysis: each factor of ``report.factors`` against today's readings, paired by seed.
 
 A factor is FedCME with one reading (or setup) changed beside its no-exchange twin, and for a setup
-factor the FedAvg of that setup (:mod:`fedcme_core.params_factors`). For each factor, over the seeds
-both sides ran (:func:`flows.seed_stats.paired_difference`), of the final accuracy (mean of the last
+factor the FedAvg of that setup (:mod:`fedcme_core.config.factors`). For each factor, over the seeds
+both sides ran (:func:`flows.report.seed_stats.paired_difference`), of the final accuracy (mean of the last
 rounds, ``final_accuracy``):
 
 - (a) FedCME with this reading minus today's FedCME;
@@ -12,7 +12,7 @@ rounds, ``final_accuracy``):
 
 Today's readings get (b), (c) and (d) too (the factor "reference"). A factor "moved" on seed 0 when
 |a| or |b - today's b| is MOVE_POINTS or more; those train seeds 1 and 2. Everything here is a pure
-function of loaded metrics entries ({grid: entries}, :func:`flows.report_inputs.load_metrics`); a
+function of loaded metrics entries ({grid: entries}, :func:`flows.report.inputs.load_metrics`); a
 run not there yet is missing, never an error. Fractions in, percentage points in the Markdown.
 """
 
@@ -24,12 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedcme_core.params import ReportSection
-from fedcme_core.params_factors import ReportFactor
-from fedcme_core.partition_tags import entry_partition_tag
+from fedcme_core.config.sections import ReportSection
+from fedcme_core.config.factors import ReportFactor
+from fedcme_core.config.partition_tags import entry_partition_tag
 
-from .report_tables import MISSING_CELL, markdown_text
-from .seed_stats import MIN_SEEDS_FOR_P, PairedDifference, SeedStats, p_text, paired_difference
+from flows.report.tables import MISSING_CELL, markdown_text
+from flows.report.seed_stats import MIN_SEEDS_FOR_P, PairedDifference, SeedStats, p_text, paired_difference
 
 MEASURE = "final_accuracy"
 MOVE_POINTS = 1.5  # percentage points on seed 0 that send a factor to seeds 1 and 2

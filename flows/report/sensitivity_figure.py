@@ -18,10 +18,10 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from fedcme_core.partition_tags import entry_partition_tag
+from fedcme_core.config.partition_tags import entry_partition_tag
 
-from .report_figures import read_accuracy_curve, seed_band
-from .report_sensitivity import Side
+from flows.report.figures import read_accuracy_curve, seed_band
+from flows.report.sensitivity import Side
 
 MAX_WIDTH_PX = 1200
 DPI = 100

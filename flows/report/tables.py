@@ -1,4 +1,4 @@
-"""The results report's Markdown tables, each cell a statistic over seeds (:mod:`flows.seed_stats`).
+"""The results report's Markdown tables, each cell a statistic over seeds (:mod:`flows.report.seed_stats`).
 
 Table II form (final accuracy, methods x settings), Table III form (accuracy at fractions of T
 and rounds to target, one setting), the paired differences against FedAvg, and the "where FedCME
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .seed_stats import (
+from flows.report.seed_stats import (
     REFERENCE_METHOD, SIGNIFICANCE, PairedDifference, SeedStats, cells_by_seed, p_phrase, p_text, paired_difference, seed_stats,
 )
 

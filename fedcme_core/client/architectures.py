@@ -1,8 +1,9 @@
 """The model architectures' names and input shapes, without importing torch.
 
-The config (:mod:`fedcme_core.config`) checks a dataset against its model's input shape, and
-validating a config must not cost torch's import: `fedcme train` validates the whole params
-file before it starts anything. :mod:`fedcme_core.models` builds the architectures.
+:mod:`fedcme_core.client.models` builds the architectures. The config (:mod:`fedcme_core.config.schema`,
+a layer above) checks a dataset against its model's input shape, and validating a config must not
+cost torch's import: `fedcme train` validates the whole params file before it starts anything; so
+this module imports nothing (``fedcme_core.client`` imports nothing on its own either).
 """
 
 MODEL_NAMES = ("fmnist_cnn", "cifar_cnn")

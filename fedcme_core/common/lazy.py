@@ -1,0 +1,45 @@
+"""Modules imported on first use, declared at the top of the module that uses them.
+
+    torch = lazy_module("torch")
+
+binds a stand-in whose first attribute access imports ``torch`` (an ordinary import, kept in
+``sys.modules`` as usual) and which hands every attribute on from the real module. Nothing is
+imported, and nothing enters ``sys.modules``, until then.
+
+Two places need it. A config is validated before torch is imported (2 s here: ``fedcme train``
+starts Prefect's server while torch loads, BENCHMARKS.md), and the config's algorithm union is
+derived from the registry of algorithms (``fedcme_core.algorithms``), so importing an algorithm
+module must not import torch or the torch-bound modules below it; they use those only when they
+run. And the datasets reach torchvision (2 s, torch._dynamo) only when a download or the mirror's
+Fashion-MNIST files need it (``fedcme_core.data.sources``).
+
+The dependency stays where a reader and ``tests/test_layers.py`` see it: a module-level
+``lazy_module("fedcme_core.x")`` counts as an import of ``fedcme_core.x``, and no module of the
+library imports anything inside a function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
+
+class LazyModule(types.ModuleType):
+    """Stands in for the module `name`; imported at the first attribute read (no attribute is
+    cached here, so a module attribute replaced later, e.g. by a test, is what is read)."""
+
+    def __getattr__(self, attribute: str) -> Any:
+        name = self.__name__
+        module = sys.modules.get(name) or importlib.import_module(name)
+        return getattr(module, attribute)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self.__name__!r}>"
+
+
+def lazy_module(name: str) -> Any:
+    """The module `name`, imported when one of its attributes is first read (typed Any: the real
+    module's attributes are read through it)."""
+    return LazyModule(name)

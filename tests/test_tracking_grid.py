@@ -1,0 +1,138 @@
+"""The grid run's parent MLflow run (flows.tracking_grid) against a real sqlite store, read back through
+MLflow's own client: one parent however many stages look for it at once, its children, the report's
+artifacts and summary metrics, and a tracking failure that stops nothing. The real `dvc repro` of the
+smoke grid checks the same through the stages (tests/test_pipeline.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from fedcme_core.config.params import load_params
+from flows import tracking_grid
+from flows.pipeline.stages import experiment_name
+from flows.tracking import RunTracker
+from flows.tracking_grid import PARENT_TAG, close_grid_parent, grid_key, open_grid_parent, parent_metrics
+
+from .conftest import REPO_ROOT
+from .test_records import record
+
+SMOKE = REPO_ROOT / "configs" / "params-smoke.yaml"
+PARENTS = "tags.run_kind = 'grid' and tags.grid = 'smoke'"
+
+
+def experiment_id(client: MlflowClient) -> str:
+    return client.get_experiment_by_name("fedcme").experiment_id
+
+
+OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from fedcme_core.config.params import load_params
+from flows.tracking_grid import open_grid_parent
+folder, name, params_file = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+params = load_params(params_file)
+(folder / name).touch()
+while not (folder / "go").exists():  # every process past its imports, then all at once
+    time.sleep(0.005)
+print(open_grid_parent(params, params_file, f"sqlite:///{folder / 'mlflow.db'}"))
+"""
+
+
+@pytest.mark.slow
+def test_stages_that_look_for_the_parent_at_once_share_one(tmp_path):
+    names = ["s0", "s1", "s2"]
+    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    processes = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(tmp_path), name, str(SMOKE)], cwd=REPO_ROOT,
+                                  env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for name in names]
+    while not all((tmp_path / name).exists() for name in names):
+        assert all(process.poll() is None for process in processes), [p.stderr.read()[-2000:] for p in processes]
+        time.sleep(0.05)
+    (tmp_path / "go").touch()
+    outputs = [process.communicate(timeout=300) for process in processes]
+
+    assert [process.returncode for process in processes] == [0] * 3, [error[-2000:] for _, error in outputs]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,) = client.search_runs([experiment_id(client)], PARENTS)
+    assert {output.strip() for output, _ in outputs} == {parent.info.run_id}
+    assert parent.info.status == "RUNNING"
+    params = load_params(SMOKE)
+    assert parent.data.tags["grid_key"] == grid_key(params, parent.data.tags["commit"])
+    assert parent.data.tags["params_file"] == str(SMOKE)
+
+
+def test_the_report_closes_the_parent_with_its_files_metrics_and_exactly_the_grids_runs_as_children(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params = load_params(SMOKE)
+    parent = open_grid_parent(params, SMOKE, uri)
+    cells = list(params.all_cells())
+    runs_dir = tmp_path / "runs"
+    trackers = {}
+    for index, cell in enumerate(cells[:2]):  # the first nested by its stage, the second (no parent found) adopted
+        experiment = experiment_name(*cell)
+        tags = {"experiment": experiment, "grid": "smoke", **({PARENT_TAG: parent} if index == 0 else {})}
+        trackers[experiment] = RunTracker.open(uri, "fedcme", experiment, runs_dir / experiment, params={}, tags=tags)
+        trackers[experiment].sync([record(0, test_accuracy=0.2).to_dict(), record(1, test_accuracy=0.4).to_dict()])
+    stale = RunTracker.open(uri, "fedcme", "stale", tmp_path / "stale", params={}, tags={PARENT_TAG: parent})
+    reports = tmp_path / "reports"
+    (reports / "figures").mkdir(parents=True)
+    (reports / "results.md").write_text("# results\n")
+    (reports / "figures" / "accuracy.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    files = {reports / "results.md": "reports", reports / "figures" / "accuracy.png": "reports/figures"}
+    metrics = {"final_accuracy/fedavg": 0.4, "final_accuracy_std/fedavg": 0.01}
+
+    closed = close_grid_parent(params, SMOKE, report_files=files, metrics=metrics, runs_dir=runs_dir, tracking_uri=uri)
+    again = close_grid_parent(params, SMOKE, report_files=files, metrics=metrics, runs_dir=runs_dir, tracking_uri=uri)
+
+    client = MlflowClient(uri)
+    (found,) = client.search_runs([experiment_id(client)], PARENTS)  # the second report found the same parent
+    assert closed == again == parent == found.info.run_id
+    assert found.info.status == "FINISHED"
+    assert found.data.metrics == {**metrics, "experiments": 2.0}
+    assert [item.path for item in client.list_artifacts(parent, "reports")] == ["reports/figures", "reports/results.md"]
+    assert [item.path for item in client.list_artifacts(parent, "reports/figures")] == ["reports/figures/accuracy.png"]
+    children = client.search_runs([experiment_id(client)], f"tags.{PARENT_TAG} = '{parent}'")
+    assert sorted(child.info.run_id for child in children) == sorted(t.run_id for t in trackers.values())
+    assert all(child.data.metrics["eval/test_accuracy"] == pytest.approx(0.4) for child in children)
+    assert PARENT_TAG not in client.get_run(stale.run_id).data.tags  # not the grid's: let go
+    assert capsys.readouterr().out.count("MLflow: the grid's parent run 'grid smoke @ ") == 2
+
+
+def test_the_summary_metrics_are_fractions_per_method_with_the_std_over_seeds():
+    summaries = {"fedavg": {"final_accuracy": 0.5, "best_accuracy": 0.6, "accuracy_at": {"2/5": 0.3}},
+                 "fedcme": {"final_accuracy": 0.7, "best_accuracy": 0.8}}
+    entries = [{"method_name": "fedavg", "seed": seed, "setting": setting, "final_accuracy": value}
+               for seed, setting, value in [(0, "a", 0.4), (0, "b", 0.6), (1, "a", 0.5), (1, "b", 0.7)]]
+    entries.append({"method_name": "fedcme", "seed": 0, "setting": "a", "final_accuracy": 0.7})
+
+    metrics = parent_metrics(summaries, entries)
+
+    # fedavg: per-seed means 0.5 and 0.6 (over the settings), their sample std; fedcme: one seed, no std.
+    assert metrics == {"final_accuracy/fedavg": 0.5, "best_accuracy/fedavg": 0.6, "seeds/fedavg": 2.0,
+                       "final_accuracy_std/fedavg": pytest.approx(0.0707107), "final_accuracy/fedcme": 0.7,
+                       "best_accuracy/fedcme": 0.8, "seeds/fedcme": 1.0}
+
+
+def test_a_tracking_failure_is_one_warning_line_and_no_parent(tmp_path, monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise MlflowException("the store said no\nand more")
+
+    monkeypatch.setattr(tracking_grid, "find_or_create_parent", broken)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params = load_params(SMOKE)
+
+    assert open_grid_parent(params, SMOKE, uri) is None
+    assert close_grid_parent(params, SMOKE, report_files={}, metrics={}, tracking_uri=uri) is None
+
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "mlflow.store.db" not in line]
+    assert warnings == [
+        "warning: MLflow grid parent run: opening it failed (the store said no); the stage goes on without it",
+        "warning: MLflow grid parent run: logging the report failed (the store said no); the stage goes on without it",
+    ]
