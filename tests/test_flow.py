@@ -24,7 +24,7 @@ from fedcme_core.rounds import RunPaths, final_model, load_experiment_dataset, l
 from flows.tracking import ROUND_METRICS
 from flows.train import run_training, wait_for_task_run_records
 
-from .conftest import REPO_ROOT
+from .conftest import REPO_ROOT, USED_STORES
 from .helpers import same_state
 
 # Every test runs on the session's real Prefect server and most train through the whole flow.
@@ -233,6 +233,7 @@ def test_killed_run_resumes_to_the_same_model_without_duplicate_steps(tmp_path, 
     command = [sys.executable, "-m", "flows.cli", "train", "--config", SMOKE, "--experiment", "killed",
                "--runs-dir", str(tmp_path / "runs"), "--tracking-uri", uri, *overrides]
     environment = {**os.environ, "PREFECT_API_URL": prefect_server}
+    USED_STORES.seed(mlflow_db=tmp_path / "mlflow.db")  # the store set up as by an earlier command
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     round_one = RunPaths(tmp_path / "runs" / "killed").round_dir(1)
     deadline = time.monotonic() + 300

@@ -25,7 +25,7 @@ from fedcme_core.data.partition import PartitionError
 from flows.cli import main
 from flows.train import run_training
 
-from .conftest import REPO_ROOT
+from .conftest import REPO_ROOT, USED_STORES
 from .test_faults import FlakyTraining, first_client_of_round_zero
 
 SMOKE = REPO_ROOT / "configs" / "smoke.yaml"
@@ -79,6 +79,7 @@ def test_a_tracking_failure_mid_run_loses_nothing_and_sync_logs_the_rest(tmp_pat
     command = [sys.executable, "-m", "flows.cli", "train", "--config", str(SMOKE), "--experiment", "cut",
                "--runs-dir", str(tmp_path / "runs"), "--tracking-uri", uri, "--set", "federation.rounds=3"]
     environment = {**os.environ, "PREFECT_API_URL": prefect_server}
+    USED_STORES.seed(mlflow_db=database)  # the store set up as by an earlier command
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     first_line = process.stdout.readline()
