@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -48,7 +47,7 @@ from fedcme_core.results.records import RoundRecord, algorithm_section
 
 from flows.errors import TrackingError
 from flows.shared_stores import is_busy, retry_busy
-from flows.tracking_store import check_reachable, experiment_named, first_line, open_client
+from flows.tracking_store import experiment_named, first_line, reachable_client
 
 METRIC_NAMES = RoundRecord.mlflow_metrics()  # {record key: MLflow name}
 ROUND_METRICS = tuple(METRIC_NAMES.values())
@@ -56,8 +55,6 @@ STEP_METRIC = METRIC_NAMES["test_accuracy"]  # its steps are the rounds the run 
 # What serving the logged model needs, stated (MLflow's own inference of it runs pip in a
 # subprocess for many seconds per run).
 PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
-# MLflow retries an unanswered HTTP request for minutes by default; a run should learn sooner.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 MAX_PARAMS_PER_BATCH = 100
 
 
@@ -94,11 +91,8 @@ class RunTracker:
         tags: Mapping[str, str],
     ) -> RunTracker:
         """Check the store answers (before any training), then create or reopen the run `run_name`."""
-        for key, value in HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-        check_reachable(uri)
         try:
-            client = open_client(uri)
+            client = reachable_client(uri)
             experiment_id = retry_busy(lambda: experiment_named(client, mlflow_experiment, uri))
             record_file = run_dir / "mlflow.json"
             run_id = cls._reusable_run(client, record_file, uri)

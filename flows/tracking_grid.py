@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -50,8 +49,8 @@ from fedcme_core.config.params import ParamsFile
 from flows.errors import TrackingError
 from flows.names import mlflow_experiment_for
 from flows.shared_stores import retry_busy, sqlite_file
-from flows.tracking import HTTP_DEFAULTS, git_commit
-from flows.tracking_store import check_reachable, experiment_named, first_line, open_client, resolve_tracking_uri
+from flows.tracking import git_commit
+from flows.tracking_store import experiment_named, first_line, open_client, reachable_client, resolve_tracking_uri
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a run under the run it names
@@ -137,13 +136,6 @@ def find_or_create_parent(client: MlflowClient, uri: str, run: GridRun, status: 
         lock.release()
 
 
-def client_for(uri: str) -> MlflowClient:
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    check_reachable(uri)
-    return open_client(uri)
-
-
 def warn(what: str, error: BaseException) -> None:
     print(f"warning: MLflow grid parent run: {what} failed ({first_line(error)}); the stage goes on without it",
           file=sys.stderr, flush=True)
@@ -153,7 +145,7 @@ def open_grid_parent(params: ParamsFile, params_file: str | Path, tracking_uri: 
     """A train stage's parent: found or created, RUNNING; None (one warning line) when tracking fails."""
     uri = resolve_tracking_uri(tracking_uri)
     try:
-        return find_or_create_parent(client_for(uri), uri, grid_run(params, params_file))
+        return find_or_create_parent(reachable_client(uri), uri, grid_run(params, params_file))
     except TrackingError:
         return None  # the training run's own check says what is wrong with the store, before any training
     except Exception as error:  # noqa: BLE001 - mlflow, OSError, requests...: never a reason to stop training
@@ -219,7 +211,7 @@ def close_grid_parent(params: ParamsFile, params_file: str | Path, *, report_fil
     then FINISHED. Returns the parent's id; None (one warning line) when tracking fails."""
     uri = resolve_tracking_uri(tracking_uri)
     try:
-        client = client_for(uri)
+        client = reachable_client(uri)
         run = grid_run(params, params_file)
         parent = find_or_create_parent(client, uri, run)
         for path, folder in report_files.items():

@@ -135,3 +135,16 @@ def experiment_named(client: MlflowClient, name: str, uri: str) -> str:
 
 def first_line(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+# MLflow retries an unanswered HTTP request for minutes by default; a run should learn sooner.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def reachable_client(uri: str) -> MlflowClient:
+    """An MlflowClient of `uri`, once the store answers (:func:`check_reachable`: one TrackingError line
+    when it does not), with MLflow's HTTP retries bounded by HTTP_DEFAULTS unless already set."""
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    check_reachable(uri)
+    return open_client(uri)

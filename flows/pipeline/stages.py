@@ -47,6 +47,8 @@ from fedcme_core.data.partition_file import save_partition
 from fedcme_core.rounds.lock import hold_run
 
 PARAMS = "params.yaml"
+
+
 def prepared_dir(dataset: str) -> Path:
     return Path("data/prepared") / dataset
 
