@@ -21,19 +21,21 @@ library imports anything inside a function.
 from __future__ import annotations
 
 import importlib
-import sys
 import types
 from typing import Any
 
 
 class LazyModule(types.ModuleType):
     """Stands in for the module `name`; imported at the first attribute read (no attribute is
-    cached here, so a module attribute replaced later, e.g. by a test, is what is read)."""
+    cached here, so a module attribute replaced later, e.g. by a test, is what is read).
+
+    Every read goes through ``importlib.import_module``, never ``sys.modules`` alone: while one
+    thread is still running the module's code (a Dask worker's first client step), the module is
+    already in ``sys.modules`` half initialized, and the import system makes a second thread wait
+    on the module's import lock until it is whole (a few microseconds once it is)."""
 
     def __getattr__(self, attribute: str) -> Any:
-        name = self.__name__
-        module = sys.modules.get(name) or importlib.import_module(name)
-        return getattr(module, attribute)
+        return getattr(importlib.import_module(self.__name__), attribute)
 
     def __repr__(self) -> str:
         return f"<lazy module {self.__name__!r}>"
