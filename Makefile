@@ -44,13 +44,18 @@ train: install
 	$(VENV)/bin/fedcme train --config $(CONFIG) --experiment $(EXPERIMENT)
 
 # Everything (what CI runs). Quick tier: the pure functions and the round loop on synthetic data,
-# in about a minute and a half; the tests marked slow (real Prefect and Dask servers, subprocess
-# commands, killed processes, `dvc repro`, the real datasets) are left out.
+# in about a minute; the tests marked slow (real Prefect and Dask servers, subprocess commands,
+# killed processes, `dvc repro`, the real datasets) are left out. Both run in TEST_WORKERS test
+# processes (pytest-xdist; CI's two cores), each test file whole in one of them, so a file's shared
+# fixture is built once; in `make test` the files with the most slow tests go first (tests/conftest.py).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
 test: install
-	$(PY) -m pytest
+	$(PYTEST) --no-loadscope-reorder
 
 test-quick: install
-	$(PY) -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # The grid's experiments (git commits, `dvc exp run`s) side by side in a terminal: one column per
 # method (reports/summary/<method>.json: mean final accuracy, shown in %) and only the params that

@@ -243,7 +243,7 @@ def _proc_tree_rss(pid: int) -> int:
 
 
 # --------------------------------------------------------------- shared Prefect server
-SHARED_PREFECT_API_URL = "FEDCME_BENCH_PREFECT_API_URL"  # set by `run_all.py --quick` for overhead and startup
+SHARED_PREFECT_API_URL = "FEDCME_BENCH_PREFECT_API_URL"  # set by `run_all.py --quick` for round, overhead and startup
 
 
 def shared_prefect_api_url(quick: bool) -> str | None:

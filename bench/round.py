@@ -23,7 +23,9 @@ its rounds: start-up, the final model logging, shutdown) and the peak RSS of the
 (sampled every 0.1 s). Targets: FMNIST round <= 0.5x bare; CIFAR-10 round >= 1.6x faster than
 ``old``; outside the rounds <= 8 s; peak RSS no higher than ``old``.
 
-Quick mode (checks the script works): synthetic data, K=4, M=2, E=2, 2 rounds, 1 repeat.
+Quick mode (checks the script works): synthetic data, K=4, M=2, E=2, 2 rounds, 1 repeat; under
+``run_all.py --quick`` the runs report to the quick suite's shared Prefect server
+($FEDCME_BENCH_PREFECT_API_URL) instead of starting their own.
 
     .venv/bin/python bench/round.py [--workloads fmnist,cifar10] [--variants defaults,old,bare] [--repeats 2] [--quick]
 """
@@ -93,9 +95,13 @@ def run_process(command: list[str], environment: dict, cwd: Path) -> tuple[list[
     return stdout.splitlines(), wall, peak
 
 
-def prefect_environment(scratch: Path) -> dict:
+def prefect_environment(scratch: Path, shared_server: str | None = None) -> dict:
+    """`fedcme train`'s environment: a scratch PREFECT_HOME and its own temporary server, or the
+    quick suite's shared server."""
     environment = {**os.environ, "PREFECT_HOME": str(scratch / "prefect-home"), "FEDCME_CACHE_DIR": str(scratch / "cache")}
     environment.pop("PREFECT_API_URL", None)
+    if shared_server:
+        environment["PREFECT_API_URL"] = shared_server
     return environment
 
 
@@ -108,11 +114,11 @@ def warm_prefect_home(scratch: Path) -> None:
                    capture_output=True)
 
 
-def fedcme_train(values: dict, variant: str, scratch: Path, repeat: int) -> dict:
+def fedcme_train(values: dict, variant: str, scratch: Path, repeat: int, shared_server: str | None) -> dict:
     training = {**values["training"], **(OLD_DEFAULTS if variant == "old" else {})}
     config = scratch / f"{variant}.yaml"
     config.write_text(yaml.safe_dump({**values, "training": training}))
-    environment = prefect_environment(scratch)
+    environment = prefect_environment(scratch, shared_server)
     experiment = f"{variant}-{repeat}"
     command = [sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--experiment", experiment,
                "--runs-dir", str(scratch / "runs"), "--tracking-uri", f"sqlite:///{scratch / 'mlflow.db'}"]
@@ -213,6 +219,7 @@ def main() -> None:
         bare_child(arguments.bare_child)
         return
     common.quiet_environment()
+    shared_server = common.shared_prefect_api_url(arguments.quick)
     repeats = 1 if arguments.quick else (arguments.repeats or 2)
     workloads = ["fmnist"] if arguments.quick else arguments.workloads.split(",")
     variants = arguments.variants.split(",")
@@ -221,11 +228,12 @@ def main() -> None:
         runs: dict[str, list[dict]] = {variant: [] for variant in variants}
         with tempfile.TemporaryDirectory(prefix="fedcme-bench-round-") as scratch_name:
             scratch = Path(scratch_name)
-            warm_prefect_home(scratch)
+            if not shared_server:
+                warm_prefect_home(scratch)
             for repeat in range(repeats):
                 for variant in variants:  # interleaved, so that machine noise hits them alike
                     runs[variant].append(bare(values, scratch) if variant == "bare"
-                                         else fedcme_train(values, variant, scratch, repeat))
+                                         else fedcme_train(values, variant, scratch, repeat, shared_server))
         per_round = samples_per_round(values)
         figures = {variant: summarise(variant_runs, per_round) for variant, variant_runs in runs.items()}
         ratios = {}
@@ -235,6 +243,7 @@ def main() -> None:
             ratios["speedup_defaults_vs_old"] = common.ratio(figures["old"]["round_seconds"], figures["defaults"]["round_seconds"])
             ratios["peak_rss_defaults_vs_old"] = common.ratio(figures["defaults"]["peak_rss_mib"], figures["old"]["peak_rss_mib"])
         common.emit("round", {"workload": workload, "quick": arguments.quick, "repeats": repeats,
+                              "prefect_server": "shared by the quick suite" if shared_server else "temporary (one per run)",
                               "samples_per_round": round(per_round, 1), "figures": figures, "ratios": ratios,
                               "raw": runs}, arguments.results)
 

@@ -10,8 +10,8 @@ failing script is reported and the others still run; the exit status is 1 if any
     make bench-quick    # quick mode, two scripts at a time (records carry "quick": true)
 
 Quick mode starts ONE temporary Prefect server for the whole suite (in the background, while the
-scripts without Prefect run) and gives it to overhead and startup ($FEDCME_BENCH_PREFECT_API_URL),
-instead of one temporary server per script; `--prefect-api-url URL` uses a running server instead
+scripts without Prefect run) and gives it to round, overhead and startup
+($FEDCME_BENCH_PREFECT_API_URL), instead of one temporary server per script and run; `--prefect-api-url URL` uses a running server instead
 (the smoke test passes the test suite's server). Full mode: every measurement starts its own.
 """
 
@@ -32,10 +32,10 @@ import common
 
 # Cheap, CPU-only measurements first; the ones that start worker processes and Prefect last.
 SCRIPTS = ("local_training", "evaluation", "per_sample", "parallel", "memory", "overhead", "startup", "round", "augment")
-# With --jobs > 1 (quick): the longest first, except that the two that need the shared Prefect
-# server come last (it starts meanwhile), so the lanes end together.
-QUICK_ORDER = ("round", "parallel", "memory", "per_sample", "local_training", "evaluation", "augment", "overhead", "startup")
-USES_PREFECT = {"overhead", "startup"}
+# With --jobs > 1 (quick): the longest first, except that the three that need the shared Prefect
+# server wait for two others (it starts meanwhile), so the lanes end together.
+QUICK_ORDER = ("parallel", "memory", "round", "per_sample", "local_training", "evaluation", "augment", "overhead", "startup")
+USES_PREFECT = {"round", "overhead", "startup"}
 
 _print_lock = threading.Lock()
 
@@ -91,7 +91,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="scripts run at once (quick mode only; default 1)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds allowed per script (default: none)")
     parser.add_argument("--prefect-api-url", default=None,
-                        help="quick mode: a running Prefect server for overhead and startup (default: start one)")
+                        help="quick mode: a running Prefect server for round, overhead and startup (default: start one)")
     arguments = parser.parse_args()
     chosen = [name.strip() for name in arguments.only.split(",")] if arguments.only else list(SCRIPTS)
     skipped = {name.strip() for name in arguments.skip.split(",") if name.strip()}

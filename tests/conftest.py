@@ -200,3 +200,29 @@ def finished_run(tmp_path_factory):
         return copy.deepcopy(history), run_dir
 
     return run
+
+
+def slow_files_first(nodeids: list[str], slow: set[str]) -> list[str]:
+    """`nodeids` with the files that hold the most `slow` tests first (a stable sort: within a file,
+    and among files with as many, the collection's order)."""
+    per_file: dict[str, int] = {}
+    for nodeid in nodeids:
+        path = nodeid.split("::", 1)[0]
+        per_file[path] = per_file.get(path, 0) + (nodeid in slow)
+    return sorted(nodeids, key=lambda nodeid: -per_file[nodeid.split("::", 1)[0]])
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs the suite in two processes (pytest-xdist: `-n 2 --dist loadfile
+    --no-loadscope-reorder`), each test file whole in one of them (a file's shared fixture, such as
+    the pipeline tests' finished grid, is built once), handed out in this order: the files with the
+    most slow tests first, so that no long file is left to the end, keeping one process busy while
+    the other idles. Only the test processes reorder (`workerinput`); a plain `pytest` keeps the
+    files' order, and the quick tier (no slow test selected) lets pytest-xdist order the files by
+    their number of tests."""
+    if not hasattr(config, "workerinput"):
+        return
+    slow = {item.nodeid for item in items if item.get_closest_marker("slow")}
+    order = {nodeid: index for index, nodeid in enumerate(slow_files_first([item.nodeid for item in items], slow))}
+    items.sort(key=lambda item: order[item.nodeid])

@@ -58,7 +58,7 @@ def test_quick_benchmarks_write_well_formed_results(tmp_path, prefect_server):
     results = tmp_path / "results.jsonl"
     environment = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                    "MLFLOW_DISABLE_TELEMETRY": "true"}
-    environment.pop("PREFECT_API_URL", None)  # only overhead and startup get the server (--prefect-api-url)
+    environment.pop("PREFECT_API_URL", None)  # only round, overhead and startup get the server (--prefect-api-url)
     completed = subprocess.run(
         [sys.executable, str(REPO_ROOT / "bench" / "run_all.py"), "--quick", "--jobs", "2", "--results", str(results),
          "--prefect-api-url", prefect_server],
@@ -83,7 +83,7 @@ def test_quick_benchmarks_write_well_formed_results(tmp_path, prefect_server):
             assert record["states"] == ["server_running"] and record["until"] == "start"
             assert set(record["seconds"]["server_running"]) == {"first_output", "round_start"}
             assert record["ratio_cold_vs_warm_round_start"] is None  # no warm launch in quick mode
-        if record["bench"] in ("startup", "overhead"):
+        if record["bench"] in ("startup", "overhead", "round"):
             assert record["prefect_server"] == "shared by the quick suite"
         if record["bench"] == "memory":
             assert set(record["peak_rss_mib"]) == {"w1_K4", "w2_K4", "w2_K40"}

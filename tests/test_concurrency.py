@@ -119,7 +119,7 @@ def test_experiments_launched_at_once_on_fresh_stores_all_succeed_and_a_duplicat
     environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
     environment.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONPATH=str(REPO_ROOT),
                        **dict([token.split("=", 1)]))
-    launches = [(f"e{seed}", seed) for seed in range(4)] + [("same", 9), ("same", 9)]
+    launches = [(f"e{seed}", seed) for seed in range(2)] + [("same", 9), ("same", 9)]  # 4 first uses at once
     try:
         processes = [
             subprocess.Popen(
@@ -134,9 +134,9 @@ def test_experiments_launched_at_once_on_fresh_stores_all_succeed_and_a_duplicat
         kill_all(token)
     assert left == [], "processes outlived their commands:\n" + "\n".join(left)
 
-    for (experiment, _), process, (_, errors) in list(zip(launches, processes, outputs))[:4]:
+    for (experiment, _), process, (_, errors) in list(zip(launches, processes, outputs))[:2]:
         assert process.returncode == 0, (experiment, errors[-3000:])
-    duplicates = sorted(zip((process.returncode for process in processes[4:]), processes[4:], outputs[4:]),
+    duplicates = sorted(zip((process.returncode for process in processes[2:]), processes[2:], outputs[2:]),
                         key=lambda item: item[0])
     (finished, _, (_, finished_errors)), (refused, _, (_, refused_errors)) = duplicates
     assert (finished, refused) == (0, 2), finished_errors[-3000:] + refused_errors[-3000:]
@@ -146,11 +146,11 @@ def test_experiments_launched_at_once_on_fresh_stores_all_succeed_and_a_duplicat
 
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("fedcme-smoke").experiment_id])  # synthetic data
-    assert sorted(run.data.tags["experiment"] for run in runs) == ["e0", "e1", "e2", "e3", "same"]
+    assert sorted(run.data.tags["experiment"] for run in runs) == ["e0", "e1", "same"]
     for run in runs:
         assert run.info.status == "FINISHED", run.data.tags["experiment"]
         steps = [metric.step for metric in client.get_metric_history(run.info.run_id, "eval/test_accuracy")]
         assert steps == list(range(1, ROUNDS + 1)), (run.data.tags["experiment"], steps)
     with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as database:
         flow_runs = database.execute("select name, state_type from flow_run").fetchall()
-    assert sorted(flow_runs) == [(name, "COMPLETED") for name in ["e0", "e1", "e2", "e3", "same"]]
+    assert sorted(flow_runs) == [(name, "COMPLETED") for name in ["e0", "e1", "same"]]
