@@ -74,7 +74,8 @@ def test_an_unreachable_tracking_server_is_reported_before_training(tmp_path, ca
 
 # `fedcme train`, held once round 1 is tracked and its line printed, until the test has broken the
 # store (a gate file): rounds 2 and 3 meet the dead store however slow the machine (the line is
-# printed again by the command itself).
+# printed again by the command itself). Held 300 s at most, so a test that fails before it opens
+# the gate leaves no command waiting.
 HELD_AFTER_ROUND_1 = """
 import pathlib, sys, time
 import flows.train
@@ -85,7 +86,8 @@ def held(record, *args):
     line = round_line(record, *args)
     if int(record["round"]) == 0:
         print(line, flush=True)
-        while not gate.exists():
+        deadline = time.monotonic() + 300
+        while not gate.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
     return line
 flows.train.round_line = held
