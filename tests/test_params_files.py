@@ -17,13 +17,32 @@ import yaml
 
 from fedcme_core.config.schema import ConfigError
 from fedcme_core.config.params import load_params
-from flows.pipeline.dvc_params import check_dvc_params, needed_params
+from flows.pipeline.dvc_params import check_dvc_params, lookup, needed_params
 
 from .conftest import REPO_ROOT
 from .helpers import copy_repository
 
 GRID_FILES = [REPO_ROOT / "params.yaml", *sorted((REPO_ROOT / "configs").glob("params-*.yaml"))]
 GRID_IDS = [str(path.relative_to(REPO_ROOT)) for path in GRID_FILES]
+
+
+def first_partition_stage(params: dict) -> str:
+    """What `dvc repro` of a grid's first partition stage (with its prepare) runs: the stage's matrix
+    item and the value of every params path the two stages read (dvc.yaml's own lists)."""
+    stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    grid = params["grid"]
+    item = (grid["datasets"][0], grid["partitions"][0], grid["clients"][0][0], grid["seeds"][0])
+    read = needed_params({"stages": {name: stages[name] for name in ("prepare", "partition")}}, params)
+    return repr((item, [(key, lookup(params, key)) for key in read if not key.startswith("grid.")]))
+
+
+# Grid files whose first partition stage is the same command on the same params values are one
+# reproduction: DVC would run exactly the same stages for each of them.
+SAME_FIRST_STAGE: dict[str, list[Path]] = {}
+for _path in GRID_FILES:
+    SAME_FIRST_STAGE.setdefault(first_partition_stage(yaml.safe_load(_path.read_text())), []).append(_path)
+FIRST_STAGE_GROUPS = list(SAME_FIRST_STAGE.values())
+FIRST_STAGE_IDS = ["+".join(path.name for path in group) for group in FIRST_STAGE_GROUPS]
 
 
 def test_every_grid_file_is_found():
@@ -52,9 +71,29 @@ def run(command: list[str], cwd: Path, environment: dict) -> str:
     return result.stdout + result.stderr
 
 
-@pytest.mark.slow  # a real `dvc repro` of prepare and partition on Fashion-MNIST, per grid file
-@pytest.mark.parametrize("path", GRID_FILES, ids=GRID_IDS)
-def test_first_partition_stage_of_grid_file_reproduces(tmp_path, mirror, path):
+def test_grid_files_share_a_first_partition_stage_only_where_dvc_runs_the_same_stages():
+    by_file = {path.name: first_partition_stage(yaml.safe_load(path.read_text())) for path in GRID_FILES}
+
+    assert sum(map(len, FIRST_STAGE_GROUPS)) == len(GRID_FILES)
+    for group in FIRST_STAGE_GROUPS:
+        assert len({by_file[path.name] for path in group}) == 1
+    # CIFAR-10's alpha=0.1, K=50 partition is the same stage in the T=100, reference and sensitivity
+    # grids; K, the partition tag, the subset and the data source each tell stages apart.
+    assert by_file["params-cifar10-t100.yaml"] == by_file["params-sensitivity.yaml"]
+    assert by_file["params-niid-bench.yaml"] == by_file["params-niid-bench-raw.yaml"]
+    assert len({by_file[name] for name in ("params-cifar10-t100.yaml", "params-paper-k80.yaml",
+                                            "params-sensitivity-c2.yaml", "params-niid-bench.yaml")}) == 4
+    assert by_file["params-paper.yaml"] != by_file["params-reference-fmnist.yaml"]  # train_subset 20000
+    for key, value in (("data_dir", "elsewhere"), ("train_subset", 2000)):  # read by prepare, by partition
+        changed = yaml.safe_load(GRID_FILES[0].read_text())
+        changed["base"]["data"][key] = value
+        assert first_partition_stage(changed) != by_file["params.yaml"]
+
+
+@pytest.mark.slow  # a real `dvc repro` of prepare and partition, per distinct first partition stage of the grid files
+@pytest.mark.parametrize("group", FIRST_STAGE_GROUPS, ids=FIRST_STAGE_IDS)
+def test_first_partition_stage_of_grid_file_reproduces(tmp_path, mirror, group):
+    path = group[0]
     copy_repository(REPO_ROOT, tmp_path, path)
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                    "FEDCME_DATA_MIRROR": str(mirror), "DVC_NO_ANALYTICS": "1"}
