@@ -42,7 +42,7 @@ import torch
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
-from fedcme_core.common.checkpoints import atomic_write_bytes
+from fedcme_core.common.atomic import atomic_write_bytes
 from fedcme_core.results.records import RoundRecord, algorithm_section
 
 from flows.errors import TrackingError

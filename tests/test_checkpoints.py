@@ -9,10 +9,10 @@ import pickle
 import pytest
 import torch
 
+from fedcme_core.common.atomic import atomic_writer
 from fedcme_core.common.checkpoints import (
     MAGIC,
     CheckpointError,
-    atomic_writer,
     checkpoint_bytes,
     load_checkpoint,
     save_checkpoint,

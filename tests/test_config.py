@@ -32,6 +32,15 @@ def test_a_config_and_a_params_file_are_validated_without_importing_torch():
     assert result.stdout.strip() == "[]"
 
 
+def test_the_prepare_and_partition_stages_and_the_report_start_without_torch():
+    """Only the train stage trains: the others write numpy arrays and JSON (2 s of torch's import each)."""
+    script = ("import sys\n"
+              "import flows.pipeline.stages, flows.report.build\n"
+              "print(sorted(name for name in sys.modules if name.split('.')[0] == 'torch'))\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
 def test_every_algorithm_is_registered_under_its_config_name():
     assert tuple(ALGORITHMS) == ALGORITHM_NAMES and len(set(ALGORITHM_NAMES)) == len(ALGORITHM_CONFIGS)
     assert all(ALGORITHMS[name].config_class is config for name, config in zip(ALGORITHM_NAMES, ALGORITHM_CONFIGS))

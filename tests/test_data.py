@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,9 +19,12 @@ from fedcme_core.data.datasets import (
     DataError,
     Dataset,
     SyntheticSpec,
+    experiment_subset,
     load_dataset,
+    load_prepared,
     subset,
 )
+from fedcme_core.data.prepared import experiment_train_labels, save_prepared
 from fedcme_core.data.sources import resolve_mirror
 
 from .conftest import REPO_ROOT
@@ -360,6 +364,25 @@ def test_subset_of_both_splits_and_whole_split() -> None:
 def test_subset_larger_than_split_is_refused() -> None:
     with pytest.raises(DataError, match=r"test subset size 21 must be an int in \[0, 20\]"):
         subset(indexed_dataset(50, 20), train=None, test=21, seed=0)
+
+
+@pytest.mark.parametrize("train", [None, 37])
+def test_experiment_train_labels_are_the_labels_the_run_trains_on(tmp_path, train) -> None:
+    rng = np.random.default_rng(0)
+    arrays = {"x_train": rng.integers(0, 256, (90, 1, 28, 28), dtype=np.uint8),
+              "y_train": rng.integers(0, 10, 90, dtype=np.uint8),
+              "x_test": rng.integers(0, 256, (20, 1, 28, 28), dtype=np.uint8), "y_test": rng.integers(0, 10, 20, dtype=np.uint8)}
+    save_prepared("fmnist", arrays, tmp_path)
+
+    labels = experiment_train_labels(tmp_path, "fmnist", train, seed=5)
+
+    run = experiment_subset(load_prepared(tmp_path, "fmnist"), train, None, 5)
+    assert labels.dtype == np.int64 and len(labels) == (train or 90)
+    assert np.array_equal(labels, run.y_train.numpy())
+    if train is not None:  # a subset's labels, not the first rows'
+        assert not np.array_equal(labels, arrays["y_train"][:train])
+    with pytest.raises(DataError, match="holds prepared 'fmnist', but the config's data.dataset is 'cifar10'"):
+        experiment_train_labels(tmp_path, "cifar10", train, seed=5)
 
 
 def test_dataset_checks_its_tensors() -> None:

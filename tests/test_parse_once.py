@@ -114,7 +114,7 @@ def test_a_deployment_holds_the_config_validated_once_and_each_run_validates_its
 
 @pytest.mark.slow
 def test_the_dvc_train_stage_parses_its_params_file_once(workdir, monkeypatch):
-    from fedcme_core.data.datasets import save_prepared
+    from fedcme_core.data.prepared import save_prepared
     from flows.pipeline import stages
 
     generator = np.random.default_rng(0)

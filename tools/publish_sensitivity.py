@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedcme_core.common.checkpoints import atomic_write_bytes  # noqa: E402
+from fedcme_core.common.atomic import atomic_write_bytes  # noqa: E402
 from fedcme_core.config.schema import flatten  # noqa: E402
 from fedcme_core.config.params import ParamsFile, load_params  # noqa: E402
 from fedcme_core.config.sections import setting_label  # noqa: E402

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from fedcme_core.common.checkpoints import atomic_write_bytes
+from fedcme_core.common.atomic import atomic_write_bytes
 
 Precision = Literal["fp32", "bf16"]
 CALIBRATION_STEPS = 3  # timed training steps per candidate and repeat (after one warm-up step)

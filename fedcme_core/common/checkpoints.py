@@ -1,7 +1,7 @@
 """Atomic, hashed, safe checkpoint files.
 
-Every file is written to a temporary name in its own folder and renamed into place, so a
-crash never leaves a half-written file under the final name. A checkpoint is a header
+Every file is written atomically (:mod:`fedcme_core.common.atomic`), so a crash never leaves a
+half-written file under the final name. A checkpoint is a header
 (``FEDCME-CHECKPOINT-1`` and the SHA-256 of the body) followed by a ``torch.save`` body, so
 a truncated or bit-flipped file is detected on load (torch's zip reader loads a flipped
 tensor byte silently). Every load uses ``torch.load(..., weights_only=True)``: only tensors
@@ -12,47 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
+from fedcme_core.common.atomic import atomic_write_bytes
 
-FILE_MODE = 0o644  # what open() would give under the usual umask (mkstemp makes 0600)
 MAGIC = b"FEDCME-CHECKPOINT-1\n"
 DIGEST_SIZE = hashlib.sha256().digest_size
 
 
 class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated or not a checkpoint; the message names it."""
-
-
-@contextmanager
-def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
-    """A binary handle whose content replaces `path` (temp file + fsync + rename) only if the block succeeds."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(descriptor, FILE_MODE)
-        with os.fdopen(descriptor, "wb") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: str | Path, payload: bytes) -> None:
-    """Write `payload` to `path` all at once: a crash leaves the old file or the new one."""
-    with atomic_writer(path) as handle:
-        handle.write(payload)
 
 
 def checkpoint_bytes(payload: dict[str, Any]) -> bytes:

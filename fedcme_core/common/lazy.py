@@ -6,12 +6,14 @@ binds a stand-in whose first attribute access imports ``torch`` (an ordinary imp
 ``sys.modules`` as usual) and which hands every attribute on from the real module. Nothing is
 imported, and nothing enters ``sys.modules``, until then.
 
-Two places need it. A config is validated before torch is imported (2 s here: ``fedcme train``
+Three places need it. A config is validated before torch is imported (2 s here: ``fedcme train``
 starts Prefect's server while torch loads, BENCHMARKS.md), and the config's algorithm union is
 derived from the registry of algorithms (``fedcme_core.algorithms``), so importing an algorithm
 module must not import torch or the torch-bound modules below it; they use those only when they
 run. And the datasets reach torchvision (2 s, torch._dynamo) only when a download or the mirror's
-Fashion-MNIST files need it (``fedcme_core.data.sources``).
+Fashion-MNIST files need it (``fedcme_core.data.sources``). And the pipeline's partition stage
+and its report write numpy arrays and JSON only, so the datasets, the seeds and the stages
+(``flows.pipeline.stages``) reach torch only when a tensor is built or a model trained.
 
 The dependency stays where a reader and ``tests/test_layers.py`` see it: a module-level
 ``lazy_module("fedcme_core.x")`` counts as an import of ``fedcme_core.x``, and no module of the

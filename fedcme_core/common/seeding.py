@@ -10,7 +10,10 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
-import torch
+
+from fedcme_core.common.lazy import lazy_module
+
+torch = lazy_module("torch")  # torch_generator only: numpy seeds (partitions, subsets) need no torch
 
 Tag = int | str
 

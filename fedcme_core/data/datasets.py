@@ -17,19 +17,19 @@ serves tests and smoke runs without real data.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-from fedcme_core.common.checkpoints import atomic_write_bytes
-from fedcme_core.data.sources import RAW_ARRAYS, RAW_DATASETS, DataError, load_raw
+from fedcme_core.common.lazy import lazy_module
 from fedcme_core.common.seeding import numpy_rng
+from fedcme_core.data.prepared import read_prepared, subset_rows, subset_seed
+from fedcme_core.data.sources import RAW_DATASETS, DataError, load_raw
+
+# Torch only when a dataset is built: the partition stage reads labels (fedcme_core.data.prepared).
+torch = lazy_module("torch")
+F = lazy_module("torch.nn.functional")
 
 DATASETS = (*RAW_DATASETS, "synthetic")  # the official datasets, then the synthetic one
 
@@ -149,50 +149,10 @@ def from_raw(name: str, arrays: dict[str, np.ndarray], normalise: bool = True) -
     )
 
 
-def save_prepared(name: str, arrays: dict[str, np.ndarray], directory: Path) -> dict[str, object]:
-    """Write a prepared dataset: one .npy per array (byte-reproducible) and meta.json with their sha256.
-
-    Files are written atomically; meta.json last, so a folder with a meta.json is complete.
-    """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for key in RAW_ARRAYS:
-        buffer = io.BytesIO()
-        np.save(buffer, np.ascontiguousarray(arrays[key]), allow_pickle=False)
-        payload = buffer.getvalue()
-        atomic_write_bytes(directory / f"{key}.npy", payload)
-        files[key] = {"sha256": hashlib.sha256(payload).hexdigest(), "shape": list(arrays[key].shape)}
-    meta = {"dataset": name, "format": "fedcme-prepared-v1", "arrays": files}
-    atomic_write_bytes(directory / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-    return meta
-
-
 def load_prepared(directory: Path, expected_name: str | None = None, normalise: bool = True) -> Dataset:
     """Load a folder written by :func:`save_prepared`, verifying every array's sha256
     (`normalise`: as :func:`from_raw`)."""
-    directory = Path(directory)
-    meta_path = directory / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        name = meta["dataset"]
-        records = meta["arrays"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise DataError(f"{meta_path}: not a prepared dataset ({type(error).__name__}: {error})") from None
-    if expected_name is not None and name != expected_name:
-        raise DataError(f"{directory}: holds prepared {name!r}, but the config's data.dataset is {expected_name!r}")
-    arrays = {}
-    for key in RAW_ARRAYS:
-        path = directory / f"{key}.npy"
-        try:
-            payload = path.read_bytes()
-        except OSError as error:
-            raise DataError(f"{path}: cannot read prepared array ({error.strerror or error})") from None
-        digest = hashlib.sha256(payload).hexdigest()
-        if digest != records[key]["sha256"]:
-            raise DataError(f"{path}: sha256 {digest} does not match meta.json ({records[key]['sha256']}); re-run prepare")
-        arrays[key] = np.load(io.BytesIO(payload), allow_pickle=False)
-    return from_raw(name, arrays, normalise=normalise)
+    return from_raw(*read_prepared(directory, expected_name), normalise=normalise)
 
 
 def make_synthetic(spec: SyntheticSpec, normalise: bool = True) -> Dataset:
@@ -230,6 +190,13 @@ def subset(dataset: Dataset, *, train: int | None, test: int | None, seed: int) 
     return dataclasses.replace(dataset, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
 
 
+def experiment_subset(dataset: Dataset, train: int | None, test: int | None, seed: int) -> Dataset:
+    """The seeded train/test subsets of an experiment (``data.train_subset``, ``data.test_subset``)."""
+    if train is None and test is None:
+        return dataset
+    return subset(dataset, train=train, test=test, seed=subset_seed(seed))
+
+
 def _subset_split(
     dataset: Dataset,
     split: str,
@@ -238,16 +205,11 @@ def _subset_split(
     size: int | None,
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if size is None:
+    index = subset_rows(dataset.name, split, len(labels), size, seed)
+    if index is None:
         return images, labels
-    available = len(labels)
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 <= size <= available:
-        raise DataError(
-            f"dataset {dataset.name}: {split} subset size {size!r} must be an int in [0, {available}]"
-        )
-    chosen = np.sort(numpy_rng(seed, f"subset-{split}").choice(available, size=int(size), replace=False))
-    index = torch.from_numpy(chosen.astype(np.int64))
-    return images[index].contiguous(), labels[index].contiguous()
+    rows = torch.from_numpy(index)
+    return images[rows].contiguous(), labels[rows].contiguous()
 
 
 def _labels(values: torch.Tensor | np.ndarray | list[int]) -> torch.Tensor:

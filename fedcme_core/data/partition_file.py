@@ -14,11 +14,11 @@ import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from fedcme_core.common.checkpoints import atomic_write_bytes
+from fedcme_core.common.atomic import atomic_write_bytes
 from fedcme_core.data.partition import PartitionError, PartitionMethod, partition_labels, validated_labels
 
 _NPZ_ARRAYS = ("indices", "offsets", "meta")
@@ -186,3 +186,20 @@ def _read_only(indices: np.ndarray) -> np.ndarray:
     indices = np.array(indices, dtype=np.int64)
     indices.setflags(write=False)
     return indices
+
+
+class PartitionSettings(Protocol):
+    """A config's partition section (``fedcme_core.config.schema.PartitionConfig``)."""
+
+    method: PartitionMethod
+    alpha: float
+    min_size: int
+    sigma: float
+    labels_per_client: int | None
+
+
+def make_partition(labels: np.ndarray, partition: PartitionSettings, num_clients: int, seed: int) -> Partition:
+    """SPEC "Data": the clients' sample indices for labels [N]."""
+    return Partition.create(labels, method=partition.method, num_clients=num_clients, alpha=partition.alpha,
+                            seed=seed, min_size=partition.min_size, sigma=partition.sigma,
+                            labels_per_client=partition.labels_per_client)

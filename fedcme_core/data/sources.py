@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcme_core.common.checkpoints import atomic_write_bytes, atomic_writer
+from fedcme_core.common.atomic import atomic_write_bytes, atomic_writer
 from fedcme_core.common.lazy import lazy_module
 
 # Imported where first used (a download, or the mirror's Fashion-MNIST files): it costs about 2 s

@@ -9,14 +9,14 @@ The names below are the package's public face.
 from __future__ import annotations
 
 from fedcme_core.client.evaluation import torch_threads
+from fedcme_core.data.datasets import experiment_subset
+from fedcme_core.data.partition_file import make_partition
 from fedcme_core.rounds.executors import Executor, SerialExecutor, balanced_groups, largest_first, with_retries
 from fedcme_core.rounds.loop import run_experiment, run_round
 from fedcme_core.rounds.setup import (
     available_cores,
-    experiment_subset,
     final_model,
     load_experiment_dataset,
-    make_partition,
     new_model,
     prepare_run,
     resolve_run_compute,

@@ -17,23 +17,16 @@ from fedcme_core.client import compute as compute_module
 from fedcme_core.data import datasets as data_module
 from fedcme_core.algorithms import build_algorithm
 from fedcme_core.client.compute import Compute, ComputeChoice
-from fedcme_core.config.schema import ExperimentConfig, PartitionConfig
+from fedcme_core.config.schema import ExperimentConfig
 from fedcme_core.data.sources import resolve_mirror
 from fedcme_core.client.evaluation import torch_threads
 from fedcme_core.client.models import SplitModel, build_model, parameter_split, resolve_device
 from fedcme_core.data.partition import class_counts
-from fedcme_core.data.partition_file import Partition, load_partition, save_partition
+from fedcme_core.data.partition_file import Partition, load_partition, make_partition, save_partition
 from fedcme_core.common.seeding import derive_seed
 from fedcme_core.client.training import FP32, training_step
 from fedcme_core.rounds import store
 from fedcme_core.rounds.store import RunError, RunPaths
-
-
-def experiment_subset(dataset: data_module.Dataset, train: int | None, test: int | None, seed: int) -> data_module.Dataset:
-    """The seeded train/test subsets of an experiment (``data.train_subset``, ``data.test_subset``)."""
-    if train is None and test is None:
-        return dataset
-    return data_module.subset(dataset, train=train, test=test, seed=derive_seed(seed, "subset"))
 
 
 @functools.lru_cache(maxsize=2)
@@ -60,14 +53,7 @@ def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
             ),
             normalise=normalise,
         )
-    return experiment_subset(dataset, data_config.train_subset, data_config.test_subset, seed)
-
-
-def make_partition(labels: np.ndarray, partition: PartitionConfig, num_clients: int, seed: int) -> Partition:
-    """SPEC "Data": the clients' sample indices for labels [N]."""
-    return Partition.create(labels, method=partition.method, num_clients=num_clients, alpha=partition.alpha,
-                            seed=seed, min_size=partition.min_size, sigma=partition.sigma,
-                            labels_per_client=partition.labels_per_client)
+    return data_module.experiment_subset(dataset, data_config.train_subset, data_config.test_subset, seed)
 
 
 def run_partition(config: ExperimentConfig, run_dir: str | Path) -> tuple[Partition, np.ndarray]:

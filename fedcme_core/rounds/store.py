@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedcme_core.common.checkpoints import CheckpointError, atomic_write_bytes, load_checkpoint, save_checkpoint
+from fedcme_core.common.atomic import atomic_write_bytes
+from fedcme_core.common.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from fedcme_core.client.compute import ComputeChoice
 from fedcme_core.config.schema import ExperimentConfig, config_from_dict
 from fedcme_core.data.partition_file import Partition, load_partition

@@ -27,24 +27,23 @@ from typing import Any
 
 import numpy as np
 
-from fedcme_core.common.checkpoints import atomic_write_bytes, save_checkpoint
-from fedcme_core.data.datasets import load_prepared, save_prepared
-from fedcme_core.data.sources import load_raw, resolve_mirror
-from fedcme_core.rounds import (
-    completed_rounds,
-    experiment_subset,
-    load_server_state,
-    make_partition,
-    run_directory_matches,
-)
-from fedcme_core.server.matching import matching_similarity
-from fedcme_core.results.metrics import history_csv, split_summary, summarize, with_content_hash
+from fedcme_core.common.atomic import atomic_write_bytes
+from fedcme_core.common.lazy import lazy_module
 from fedcme_core.config.params import ParamsFile, load_params
-from fedcme_core.config.sections import setting_label
-from fedcme_core.data.partition import class_counts
 from fedcme_core.config.partition_tags import parse_partition_tag, partition_label
-from fedcme_core.data.partition_file import save_partition
-from fedcme_core.rounds.lock import hold_run
+from fedcme_core.config.sections import setting_label
+from fedcme_core.data.prepared import experiment_train_labels, save_prepared
+from fedcme_core.data.partition import class_counts
+from fedcme_core.data.partition_file import make_partition, save_partition
+from fedcme_core.data.sources import load_raw, resolve_mirror
+from fedcme_core.results.metrics import history_csv, split_summary, summarize, with_content_hash
+
+# Only the train stage needs torch and the round loop: prepare and partition write numpy arrays and
+# JSON and start without them (2 s of torch's import each).
+checkpoints = lazy_module("fedcme_core.common.checkpoints")
+matching = lazy_module("fedcme_core.server.matching")
+rounds = lazy_module("fedcme_core.rounds")
+run_lock = lazy_module("fedcme_core.rounds.lock")
 
 PARAMS = "params.yaml"
 
@@ -108,10 +107,8 @@ def partition(arguments: argparse.Namespace, params: ParamsFile) -> None:
     The tag picks the partition (`base.partition` with its overrides, :meth:`ParamsFile.partition_config`).
     With `data.train_subset`, the clients share the same seeded subset the training run loads.
     """
-    base = params.base
-    dataset = load_prepared(prepared_dir(arguments.dataset), expected_name=arguments.dataset)
-    dataset = experiment_subset(dataset, base.data.train_subset, None, arguments.seed)
-    labels = dataset.y_train.numpy()
+    labels = experiment_train_labels(prepared_dir(arguments.dataset), arguments.dataset, params.base.data.train_subset,
+                                     arguments.seed)
     result = make_partition(labels, params.partition_config(arguments.partition), arguments.clients, arguments.seed)
     out = Path("data/partitions") / partition_name(arguments.dataset, arguments.partition, arguments.clients,
                                                    arguments.seed)
@@ -168,13 +165,13 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
         arguments.dataset, arguments.partition, arguments.clients, arguments.seed
     ) / "partition.npz"
     # Held from before a changed run is removed until its final state is read: no other command's run is lost.
-    with hold_run(run_dir):
-        if not run_directory_matches(config, run_dir):
+    with run_lock.hold_run(run_dir):
+        if not rounds.run_directory_matches(config, run_dir):
             print(f"{experiment}: the config changed; starting this run over")
             shutil.rmtree(run_dir)
         run_training(config, experiment, runs_dir=arguments.runs_dir, partition_file=str(partition_file),
                      method_label=params.label(arguments.method), grid=params.report.name)
-        final_state = load_server_state(run_dir, completed_rounds(run_dir))
+        final_state = rounds.load_server_state(run_dir, rounds.completed_rounds(run_dir))
     history = final_state["history"][: config.federation.rounds]
     identity = {
         "experiment": experiment,
@@ -195,15 +192,15 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
         "local_epochs": config.training.local_epochs,
     }
     counts = json.loads((partition_file.parent / "class_counts.json").read_text(encoding="utf-8"))["class_counts"]
-    matching = {**identity, "class_counts": counts, "rounds": matching_similarity(history)}
+    similarity = {**identity, "class_counts": counts, "rounds": matching.matching_similarity(history)}
     results, about = split_summary(with_content_hash(summary))
     for folder in ("metrics/matching", "metrics/about"):
         Path(folder).mkdir(parents=True, exist_ok=True)
     write_json(Path("metrics/about") / f"{experiment}.json", about)
     write_json(Path("metrics") / f"{experiment}.json", results)
     atomic_write_bytes(Path("metrics") / f"{experiment}.csv", history_csv(history).encode("utf-8"))
-    write_json(Path("metrics/matching") / f"{experiment}.json", matching)
-    save_checkpoint({"model": final_state["model"], "experiment": experiment}, Path("models") / f"{experiment}.pt")
+    write_json(Path("metrics/matching") / f"{experiment}.json", similarity)
+    checkpoints.save_checkpoint({"model": final_state["model"], "experiment": experiment}, Path("models") / f"{experiment}.pt")
 
 
 def partition_tag(text: str) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedcme_core.common.checkpoints import atomic_write_bytes
+from fedcme_core.common.atomic import atomic_write_bytes
 from fedcme_core.config.params import ParamsFile, load_params
 from fedcme_core.config.sections import MethodEntry
 
