@@ -69,8 +69,9 @@ def read_prepared(directory: Path, expected_name: str | None = None,
 
 def experiment_train_labels(directory: Path, expected_name: str, train: int | None, seed: int) -> np.ndarray:
     """The training labels [N] of an experiment with ``data.train_subset`` = `train`, read from a
-    prepared folder without building tensors: the rows :func:`fedcme_core.data.datasets.experiment_subset` keeps (the
-    partition stage partitions exactly what the run trains on)."""
+    prepared folder without building tensors: the rows that
+    :func:`fedcme_core.data.datasets.experiment_subset` keeps, so the partition stage partitions
+    exactly what the run trains on."""
     name, arrays = read_prepared(directory, expected_name, keys=("y_train",))
     labels = np.asarray(arrays["y_train"], dtype=np.int64)
     index = subset_rows(name, "train", len(labels), train, subset_seed(seed))
