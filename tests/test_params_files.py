@@ -26,13 +26,17 @@ GRID_FILES = [REPO_ROOT / "params.yaml", *sorted((REPO_ROOT / "configs").glob("p
 GRID_IDS = [str(path.relative_to(REPO_ROOT)) for path in GRID_FILES]
 
 
+PREPARE_AND_PARTITION = {"stages": {name: stage for name, stage in
+                                    yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"].items()
+                                    if name in ("prepare", "partition")}}
+
+
 def first_partition_stage(params: dict) -> str:
     """What `dvc repro` of a grid's first partition stage (with its prepare) runs: the stage's matrix
     item and the value of every params path the two stages read (dvc.yaml's own lists)."""
-    stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
     grid = params["grid"]
     item = (grid["datasets"][0], grid["partitions"][0], grid["clients"][0][0], grid["seeds"][0])
-    read = needed_params({"stages": {name: stages[name] for name in ("prepare", "partition")}}, params)
+    read = needed_params(PREPARE_AND_PARTITION, params)
     return repr((item, [(key, lookup(params, key)) for key in read if not key.startswith("grid.")]))
 
 
