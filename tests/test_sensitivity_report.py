@@ -160,6 +160,30 @@ def test_the_answer_says_plainly_when_no_reading_did_or_nothing_ran():
     assert rs.answer_text(rs.comparisons(REPORT, {}, "a0.1"), FACTORS).startswith("No factor has its runs yet")
 
 
+def test_a_reading_helped_when_fedcme_gained_and_the_exchange_lost_nothing_in_the_means():
+    # today's b: +1, 0, -1 points, mean 0. f1: a +0.5, b +1; f2: a +1.5, b +2.5; f3: a +1.49, b +1.
+    helps = {h.factor: h for h in rs.readings_that_helped(rows(), ["f1", "f2", "f3"])}
+    assert {name: h.status for name, h in helps.items()} == {"f1": "helped", "f2": "helped", "f3": "helped"}
+    assert (round(100 * helps["f1"].a, 6), round(100 * helps["f1"].b, 6), round(100 * helps["f1"].today_b, 6)) == (
+        0.5, 1.0, 0.0)
+
+    entries = hand_made()
+    for e in entries["main"]:
+        if e["method_name"] == "f1-nx":
+            e["final_accuracy"] += 0.02      # b: -1, -1: the exchange lost 1 point against today's 0
+        if e["method_name"] == "f3":
+            e["final_accuracy"] = 0.49       # a: -1 point
+    changed = rs.comparisons(REPORT, entries, "a0.1")
+    without_twin = {**entries, "main": [e for e in entries["main"] if e["method_name"] != "f2-nx"]}
+    assert [h.status for h in rs.readings_that_helped(changed, ["f1", "f3"])] == ["did not help", "did not help"]
+    (f2,) = rs.readings_that_helped(rs.comparisons(REPORT, without_twin, "a0.1"), ["f2"])
+    assert f2.status == "pending" and f2.b is None and round(100 * f2.a, 6) == 1.5
+    table = list(csv.DictReader(io.StringIO(rs.factors_csv(changed, {}, {}, [], rs.readings_that_helped(changed,
+                                                                                                      ["f1"])))))
+    assert {row["helped"] for row in table if row["factor"] == "f1"} == {"did not help"}
+    assert {row["helped"] for row in table if row["factor"] != "f1"} == {""}
+
+
 def test_two_runs_of_one_method_and_seed_are_one_error_naming_both():
     entries = {"main": [entry("fedcme", 0, 0.5), {**entry("fedcme", 0, 0.6), "experiment": "copy"}]}
 
@@ -314,11 +338,17 @@ def test_the_tool_writes_the_report_and_the_factor_csv_from_published_metrics(tm
         accuracy("cifar10-a0.1-k50m20-moon-mu1-s0") - accuracy("cifar10-a0.1-k50m20-fedprox-mu001-s0"))
     assert (by_key[("c2", "c")]["minuend_grid"], by_key[("c2", "b")]["n"]) == ("sensitivity-c2", "0")
     assert by_key[("e4", "a")]["n"] == "0" and by_key[("e4", "a")]["moved"] == "pending"
+    run = "cifar10-a0.1-k50m20-{}-s0"
+    a, b, today_b = (accuracy(run.format(x)) - accuracy(run.format(y)) for x, y in (
+        ("fedcme-mu01", "fedcme-mu001"), ("fedcme-mu01", "fedcme-no-alignment"), ("fedcme-mu001", "fedcme-no-exchange")))
+    verdict = "helped" if a > 0 and b >= today_b else "did not help"
+    assert by_key[("sample-mean", "a")]["helped"] == verdict and by_key[("e4", "a")]["helped"] == ""
 
     report = (docs / "results-sensitivity.md").read_text()
     for text in ("## The factors", "| sample-mean | reading | alignment per sample, mean over dimensions | "
                  "algorithm.align_loss: class_mean → sample |", "## (a) FedCME with this reading − today's FedCME",
-                 "## Which factors moved on seed 0", "## The answer", "Still without both runs of (b) and (c)",
+                 "## Which factors moved on seed 0", "## The readings that helped: the combination at T=100",
+                 f"{verdict} |", "| classifier2 | – | – | ", "| pending |", "## The answer", "Still without both runs of (b) and (c)",
                  "![curves per factor](results-sensitivity-factors.png)", "– (not run yet)", "n<3",
                  "| c2 (setup) | fedcme-mu001 (sensitivity-c2) − fedcme-mu001 |", "CIFAR-10 α=0.1 K=50 M=20, T=50"):
         assert text in report, text

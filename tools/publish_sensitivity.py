@@ -7,8 +7,9 @@
 Reads the published metrics of the grid (``<results>/<report.name>/``) and of the other grids its
 factors name (``<results>/<grid>/``, e.g. sensitivity-c2), and writes the Markdown report (the setting,
 what each factor is, the final accuracies, the paired differences (a)-(d) of
-:mod:`flows.report.sensitivity`, the factors that moved on seed 0, the curves and "## The answer"), the
-figure of the curves, and the CSV with one row per factor and comparison. A run not published yet
+:mod:`flows.report.sensitivity`, the factors that moved on seed 0, the readings that helped, the curves
+and "## The answer"), the figure of the curves, and the CSV with one row per factor and comparison
+(with the seed-0 move and, for a reading, whether it helped). A run not published yet
 is shown as missing, so the report is rebuilt as runs arrive. Run it after each
 ``tools/publish_results.py --grid sensitivity``, which writes the grid's generic report to the same
 Markdown path.
@@ -86,7 +87,7 @@ def factor_rows(params: ParamsFile, grids: Mapping[str, ParamsFile | None], part
 
 def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], partition: str | None,
                     entries: Mapping[str, Sequence[Mapping[str, Any]]], rows: Sequence[rs.Comparison],
-                    moves: Sequence[rs.Move], links: Mapping[str, str]) -> str:
+                    moves: Sequence[rs.Move], helps: Sequence[rs.Help], links: Mapping[str, str]) -> str:
     """The report's Markdown text (see the module's docstring); `links`: the figure's and the NOTE's paths."""
     report = params.report
     cell = cell_of(params, report.references.fedcme, partition)
@@ -126,6 +127,14 @@ def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], 
         rs.moves_table(moves),
         f"Moved: {', '.join(moved) or 'none yet'}." + (f" Pending (a run missing): {', '.join(pending)}." if pending
                                                        else "") + "\n",
+        "## The readings that helped: the combination at T=100\n",
+        "A reading (not a setup factor) helped when, in the means over its seeds, FedCME with it beat today's "
+        "FedCME ((a) > 0) and the exchange was worth no less under it than under today's readings ((b) ≥ today's "
+        "(b)). The readings that helped are combined and trained at the headline setting, T=100.\n",
+        rs.help_table(helps),
+        f"Helped: {', '.join(h.factor for h in helps if h.status == 'helped') or 'none yet'}."
+        + (f" Pending (a run missing): {', '.join(h.factor for h in helps if h.status == 'pending')}."
+           if any(h.status == "pending" for h in helps) else "") + "\n",
         "## Test accuracy per round\n",
         f"![curves per factor]({links['figure']})\n",
         "## The answer\n",
@@ -155,6 +164,7 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
     entries = load_entries(Path(results), names)
     rows = rs.comparisons(report, entries, partition)
     moves = rs.seed0_moves(rows, [factor.name for factor in report.factors])
+    helps = rs.readings_that_helped(rows, [factor.name for factor in report.factors if not rs.is_setup(report, factor)])
     today = rs.reference_sides(report, partition)
     panels = [(f"{factor.name}: {factor.label}", {**rs.factor_sides(report, factor, partition),
                                                    "today_fedcme": today["fedcme"], "today_twin": today["twin"]})
@@ -164,10 +174,10 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
     labels = {rs.REFERENCE: "today's readings", **{factor.name: factor.label for factor in report.factors}}
     writes = {
         png: factor_panels_png(panels, entries, {name: Path(results) / name for name in names}),
-        markdown: report_markdown(params, grids, partition, entries, rows, moves, {
+        markdown: report_markdown(params, grids, partition, entries, rows, moves, helps, {
             "figure": relative(png, markdown), "note": relative(Path(results) / report.name / "NOTE.md", markdown),
         }).encode(),
-        output_csv: rs.factors_csv(rows, labels, kinds, moves).encode(),
+        output_csv: rs.factors_csv(rows, labels, kinds, moves, helps).encode(),
     }
     for path, content in writes.items():
         atomic_write_bytes(path, content)

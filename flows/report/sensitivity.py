@@ -11,7 +11,9 @@ rounds, ``final_accuracy``):
 - (d) FedCME minus FedRS (the reference grid's; for a setup factor FedRS ran under today's setup).
 
 Today's readings get (b), (c) and (d) too (the factor "reference"). A factor "moved" on seed 0 when
-|a| or |b - today's b| is MOVE_POINTS or more; those train seeds 1 and 2. Everything here is a pure
+|a| or |b - today's b| is MOVE_POINTS or more; those train seeds 1 and 2. A reading (not a setup factor)
+"helped" when, in the means over its seeds, a > 0 and b >= today's b: FedCME gained and the exchange lost
+nothing; the readings that helped are combined at T=100. Everything here is a pure
 function of loaded metrics entries ({grid: entries}, :func:`flows.report.inputs.load_metrics`); a
 run not there yet is missing, never an error. Fractions in, percentage points in the Markdown.
 """
@@ -42,7 +44,7 @@ COMPARISONS = {
 }
 CSV_COLUMNS = ("factor", "label", "kind", "comparison", "description", "minuend_grid", "minuend_method",
                "subtrahend_grid", "subtrahend_method", "measure", "n", "seeds", "mean", "std", "wins", "losses",
-               "p_value", "by_seed", "moved")
+               "p_value", "by_seed", "moved", "helped")
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,39 @@ def seed0_moves(rows: Sequence[Comparison], factors: Sequence[str], seed: int = 
     return moves
 
 
+@dataclass(frozen=True)
+class Help:
+    """A reading over all its seeds: (a) and (b) in the mean, today's (b) in the mean (None: missing), the verdict."""
+
+    factor: str
+    a: float | None
+    b: float | None
+    today_b: float | None
+    status: str  # "helped" | "did not help" | "pending"
+
+
+def readings_that_helped(rows: Sequence[Comparison], readings: Sequence[str]) -> list[Help]:
+    """Whether each reading helped: a > 0 and b >= today's b in the means over their seeds ("helped"); both
+    known and not ("did not help"); else "pending" (a run still missing)."""
+    today = find(rows, REFERENCE, "b").difference
+    helps = []
+    for factor in readings:
+        a, b = find(rows, factor, "a").difference, find(rows, factor, "b").difference
+        means = [None if d is None else d.mean for d in (a, b, today)]
+        if None in means:
+            status = "pending"
+        else:
+            status = "helped" if means[0] > 0 and means[1] >= means[2] else "did not help"
+        helps.append(Help(factor, *means, status))
+    return helps
+
+
+def help_table(helps: Sequence[Help]) -> str:
+    return table(["Reading", "(a), mean (points)", "(b), mean (points)", "today's (b), mean (points)", "Helped?"],
+                 [[h.factor, points_text(h.a), points_text(h.b), points_text(h.today_b), h.status] for h in helps],
+                 numeric=(1, 2, 3))
+
+
 def exchange_helps(rows: Sequence[Comparison], factor: str) -> bool:
     """(b) positive on every seed it has and (c) positive in the mean."""
     b, c = find(rows, factor, "b").difference, find(rows, factor, "c").difference
@@ -254,9 +289,11 @@ def moves_table(moves: Sequence[Move]) -> str:
 
 
 def factors_csv(rows: Sequence[Comparison], labels: Mapping[str, str], kinds: Mapping[str, str],
-                moves: Sequence[Move]) -> str:
-    """One row per factor and comparison (CSV_COLUMNS), differences as fractions; p_value "n<3" below 3 seeds."""
+                moves: Sequence[Move], helps: Sequence[Help] = ()) -> str:
+    """One row per factor and comparison (CSV_COLUMNS), differences as fractions; p_value "n<3" below 3 seeds;
+    moved: the seed-0 verdict, helped: a reading's verdict over all its seeds (empty for others)."""
     moved = {move.factor: move.status for move in moves}
+    helped = {h.factor: h.status for h in helps}
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
@@ -271,6 +308,6 @@ def factors_csv(rows: Sequence[Comparison], labels: Mapping[str, str], kinds: Ma
             "" if d is None else repr(d.mean), "" if d is None or d.std is None else repr(d.std),
             "" if d is None else d.wins, "" if d is None else d.losses, p_value,
             "" if d is None else ";".join(f"{seed}:{value!r}" for seed, value in d.by_seed.items()),
-            moved.get(row.factor, ""),
+            moved.get(row.factor, ""), helped.get(row.factor, ""),
         ])
     return buffer.getvalue()
