@@ -16,7 +16,8 @@ runner, whose workers are processes:
 
 Variants: (w=1, K=50), (w=2, K=50), (w=2, K=1000); Dirichlet alpha 0.5 (alpha 0.1 cannot give
 1000 clients 10 samples each). Targets: peak(w=2) / peak(w=1) <= 1.5 and
-peak(K=1000) / peak(K=50) <= 1.3: the dataset held once per machine.
+peak(K=1000) / peak(K=50) <= 1.3: the dataset held once per machine. A child that leaves a process
+of its session running (a server, a worker) fails the benchmark, naming it, after it is killed.
 
 Quick mode (checks the script works; its figures say nothing): core only, synthetic data,
 K=4 and K=40, M=2, E=2; each child is a fork of this process with the imports already done
@@ -29,6 +30,7 @@ K=4 and K=40, M=2, E=2; each child is a fork of this process with the imports al
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -91,10 +93,14 @@ def child(spec: dict) -> None:
     if spec["via"] == "flow":
         os.environ["PREFECT_HOME"] = str(scratch / "prefect-home")
         os.environ.pop("PREFECT_API_URL", None)
+        from flows.prefect_server import run_against_prefect
         from flows.train import run_training
 
-        summary = run_training(config_from_dict(values), "memory", runs_dir=str(scratch / "runs"),
-                               tracking_uri=f"sqlite:///{scratch / 'mlflow.db'}")
+        # The temporary server as `fedcme train` starts it: stopped when the run returns, also in a
+        # forked child (which exits without atexit handlers, where Prefect's own would stop its server).
+        summary = run_against_prefect(lambda ready: run_training(
+            config_from_dict(values), "memory", ready=ready, runs_dir=str(scratch / "runs"),
+            tracking_uri=f"sqlite:///{scratch / 'mlflow.db'}"), "the memory bench")
         rounds = summary["rounds"]
     else:
         from fedcme_core.rounds import run_experiment
@@ -151,6 +157,17 @@ class ForkedChild:
 
 
 # ----------------------------------------------------------------------- the parent
+def left_behind(session: int) -> str:
+    """The processes of a finished child's session (its process group) still running, killed; "" if none
+    (a zombie, exited and waiting for init to reap it, is not running)."""
+    listing = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-g", str(session)], capture_output=True, text=True)
+    running = [line.split(None, 2) for line in listing.stdout.splitlines() if not line.split()[1].startswith("Z")]
+    for pid, _, _ in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    return "; ".join(f"{pid} {command[:100]}" for pid, _, command in running)
+
+
 def peak_tree_rss(spec: dict, timeout: float, fork: bool = False) -> tuple[int, int, dict]:
     """Run a child for `spec` (a fresh process, or with `fork` a fork of this one); the peak RSS
     and peak PSS (bytes) of its process tree, its summary."""
@@ -177,6 +194,9 @@ def peak_tree_rss(spec: dict, timeout: float, fork: bool = False) -> tuple[int, 
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    left = left_behind(process.pid)
+    if left:
+        raise RuntimeError(f"memory child {spec['name']} left processes running (killed now): {left}")
     if process.returncode != 0:
         raise RuntimeError(f"memory child {spec['name']} failed (exit {process.returncode}):\n{stderr[-3000:]}")
     summary = json.loads((Path(spec["scratch"]) / "summary.json").read_text(encoding="utf-8"))
