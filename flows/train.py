@@ -71,7 +71,7 @@ def run_tags(config: ExperimentConfig, experiment: str, prefect_flow_run_id: str
     it), the dataset and the algorithm, what finds it (flows.names.identity_tags), its Prefect
     flow run (``prefect_flow_run``: a link where Prefect's UI URL is known, else the id) and, in a
     grid, its grid run's parent (MLflow's ``mlflow.parentRunId``: flows.tracking_grid)."""
-    commit = git_commit(PROJECT_DIR)
+    commit = COMMIT  # the commit the flow run's version names: both views trace the run to one commit
     tags = {"git_commit": commit, "dataset": config.data.dataset, "algorithm": config.algorithm.name,
             "mlflow.source.type": "JOB", "mlflow.source.name": "fedcme-train (flows/train.py)",
             "mlflow.source.git.commit": commit, **identity_tags(config, experiment, label, grid)}

@@ -16,6 +16,7 @@ from flows.views import mlflow_run_url, prefect_flow_run_url
 from .conftest import REPO_ROOT
 
 SMOKE = str(REPO_ROOT / "configs" / "smoke.yaml")
+COMMIT_AT_IMPORT = git_commit(REPO_ROOT)  # beside flows.train's import, which reads the flow's version
 
 
 def prefect_views(flow_run_id: str):
@@ -55,9 +56,9 @@ def test_a_grid_cell_is_found_by_its_tags_with_its_summary_figure_system_metrics
     assert run.data.tags["prefect_flow_run"].endswith(summary["prefect_flow_run_id"])
 
     flow_run, artifacts = prefect_views(summary["prefect_flow_run_id"])
-    commit = git_commit(REPO_ROOT)
+    commit = COMMIT_AT_IMPORT  # HEAD when the code was imported: a commit landing during the test changes nothing
     assert {f"commit:{commit}", "method:fedcme", "seed:0", "grid:paper"} <= set(flow_run.tags)
-    assert flow_run.flow_version == commit
+    assert flow_run.flow_version == commit == run.data.tags["git_commit"] == run.data.tags["mlflow.source.git.commit"]
     # Prefect stores a link artifact as the markdown of its link: the run's page in MLflow's UI.
     url = mlflow_run_url(uri, experiment.experiment_id, run.info.run_id)
     assert url.endswith(f"/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}")
