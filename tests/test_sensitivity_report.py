@@ -17,6 +17,7 @@ from fedcme_core.config.files import ConfigError
 from fedcme_core.results.metrics import split_summary, with_content_hash
 from fedcme_core.config.params import load_params, params_from_dict
 from fedcme_core.config.sections import ReportSection
+from flows.report import combination as rc
 from flows.report import sensitivity as rs
 from flows.report.inputs import load_metrics
 from flows.report.seed_stats import PairedDifference
@@ -326,7 +327,7 @@ def test_the_tool_writes_the_report_and_the_factor_csv_from_published_metrics(tm
     assert set(written) == {docs / "results-sensitivity.md", results / "sensitivity-factors.csv",
                             docs / "results-sensitivity-factors.png"}
     table = list(csv.DictReader(io.StringIO((results / "sensitivity-factors.csv").read_text())))
-    assert len(table) == 3 + 4 * 10
+    assert len(table) == 3 + 4 * 10 + len(rc.COMPARISONS)  # today, 10 factors, the combination
     by_key = {(row["factor"], row["comparison"]): row for row in table}
     sample_mean_a = by_key[("sample-mean", "a")]
     expected = accuracy("cifar10-a0.1-k50m20-fedcme-mu01-s0") - accuracy("cifar10-a0.1-k50m20-fedcme-mu001-s0")

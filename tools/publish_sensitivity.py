@@ -7,9 +7,10 @@
 Reads the published metrics of the grid (``<results>/<report.name>/``) and of the other grids its
 factors name (``<results>/<grid>/``, e.g. sensitivity-c2), and writes the Markdown report (the setting,
 what each factor is, the final accuracies, the paired differences (a)-(d) of
-:mod:`flows.report.sensitivity`, the factors that moved on seed 0, the readings that helped, the curves
-and "## The answer"), the figure of the curves, and the CSV with one row per factor and comparison
-(with the seed-0 move and, for a reading, whether it helped). A run not published yet
+:mod:`flows.report.sensitivity`, the factors that moved on seed 0, the readings that helped, their
+combination at T=100 (:mod:`flows.report.combination`, from ``report.combination``), the curves and
+"## The answer"), the figure of the curves, and the CSV with one row per factor and comparison (with
+the seed-0 move and, for a reading, whether it helped; the combination's rows t1-t7). A run not published yet
 is shown as missing, so the report is rebuilt as runs arrive. Run it after each
 ``tools/publish_results.py --grid sensitivity``, which writes the grid's generic report to the same
 Markdown path.
@@ -31,6 +32,7 @@ from fedcme_core.config.schema import flatten  # noqa: E402
 from fedcme_core.config.params import ParamsFile, load_params  # noqa: E402
 from fedcme_core.config.sections import setting_label  # noqa: E402
 from fedcme_core.config.factors import other_grid_file  # noqa: E402
+from flows.report import combination as rc  # noqa: E402
 from flows.report import sensitivity as rs  # noqa: E402
 from flows.report.inputs import load_metrics  # noqa: E402
 from flows.report.sensitivity_figure import factor_panels_png  # noqa: E402
@@ -87,7 +89,8 @@ def factor_rows(params: ParamsFile, grids: Mapping[str, ParamsFile | None], part
 
 def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], partition: str | None,
                     entries: Mapping[str, Sequence[Mapping[str, Any]]], rows: Sequence[rs.Comparison],
-                    moves: Sequence[rs.Move], helps: Sequence[rs.Help], links: Mapping[str, str]) -> str:
+                    moves: Sequence[rs.Move], helps: Sequence[rs.Help], combined: Sequence[rs.Comparison],
+                    links: Mapping[str, str]) -> str:
     """The report's Markdown text (see the module's docstring); `links`: the figure's and the NOTE's paths."""
     report = params.report
     cell = cell_of(params, report.references.fedcme, partition)
@@ -135,12 +138,34 @@ def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], 
         f"Helped: {', '.join(h.factor for h in helps if h.status == 'helped') or 'none yet'}."
         + (f" Pending (a run missing): {', '.join(h.factor for h in helps if h.status == 'pending')}."
            if any(h.status == "pending" for h in helps) else "") + "\n",
+        *combination_part(params, grids, entries, helps, combined),
         "## Test accuracy per round\n",
         f"![curves per factor]({links['figure']})\n",
         "## The answer\n",
         rs.answer_text(rows, [factor.name for factor in report.factors]),
     ]
     return "\n".join(parts)
+
+
+def combination_part(params: ParamsFile, grids: Mapping[str, ParamsFile | None],
+                     entries: Mapping[str, Sequence[Mapping[str, Any]]], helps: Sequence[rs.Help],
+                     rows: Sequence[rs.Comparison]) -> list[str]:
+    """The combination's section (none without `report.combination`), with a line where the rule now gives
+    other readings than those combined."""
+    combination = params.report.combination
+    if combination is None:
+        return []
+    today, combined = grids.get(combination.against), grids.get(combination.grid)
+    if today is None or combined is None:
+        changes = "the grid files are not both here"
+    else:
+        before = today.cell_config(*cell_of(today, combination.today, None)).model_dump(mode="json")
+        after = combined.cell_config(*cell_of(combined, combination.fedcme, None)).model_dump(mode="json")
+        changes = "; ".join(config_changes(before, after)) or "nothing"
+    helped = [h.factor for h in helps if h.status == "helped"]
+    mismatch = ([] if sorted(helped) == sorted(combination.readings) or any(h.status == "pending" for h in helps)
+                else [f"The rule now gives {', '.join(helped) or 'no reading'}, not the readings combined.\n"])
+    return [rc.section(combination, entries, rows, changes), *mismatch]
 
 
 def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None = None, output_csv: Path | None = None,
@@ -155,7 +180,7 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
     markdown = Path(markdown or docs / f"results-{report.name}.md")
     output_csv = Path(output_csv or Path(results) / f"{report.name}-factors.csv")
     png = Path(png or docs / f"results-{report.name}-factors.png")
-    names = list(dict.fromkeys([report.name, *(report.factor_grid(factor) for factor in report.factors)]))
+    names = [report.name, *report.other_grids()]
     grids = {report.name: params}
     for name in names[1:]:
         other = other_grid_file(name, Path(params_path))
@@ -165,19 +190,22 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
     rows = rs.comparisons(report, entries, partition)
     moves = rs.seed0_moves(rows, [factor.name for factor in report.factors])
     helps = rs.readings_that_helped(rows, [factor.name for factor in report.factors if not rs.is_setup(report, factor)])
+    combined = rc.comparisons(report.combination, entries) if report.combination is not None else []
     today = rs.reference_sides(report, partition)
     panels = [(f"{factor.name}: {factor.label}", {**rs.factor_sides(report, factor, partition),
                                                    "today_fedcme": today["fedcme"], "today_twin": today["twin"]})
               for factor in report.factors]
-    kinds = {rs.REFERENCE: "reference", **{factor.name: "setup" if rs.is_setup(report, factor) else "reading"
-                                           for factor in report.factors}}
-    labels = {rs.REFERENCE: "today's readings", **{factor.name: factor.label for factor in report.factors}}
+    kinds = {rs.REFERENCE: "reference", rc.FACTOR: rc.FACTOR,
+             **{factor.name: "setup" if rs.is_setup(report, factor) else "reading" for factor in report.factors}}
+    labels = {rs.REFERENCE: "today's readings", rc.FACTOR: "the readings that helped, combined at T=100",
+              **{factor.name: factor.label for factor in report.factors}}
     writes = {
         png: factor_panels_png(panels, entries, {name: Path(results) / name for name in names}),
-        markdown: report_markdown(params, grids, partition, entries, rows, moves, helps, {
+        markdown: report_markdown(params, grids, partition, entries, rows, moves, helps, combined, {
             "figure": relative(png, markdown), "note": relative(Path(results) / report.name / "NOTE.md", markdown),
         }).encode(),
-        output_csv: rs.factors_csv(rows, labels, kinds, moves, helps).encode(),
+        output_csv: rs.factors_csv([*rows, *combined], labels, kinds, moves, helps,
+                                   {**rs.COMPARISONS, **rc.DESCRIPTIONS}).encode(),
     }
     for path, content in writes.items():
         atomic_write_bytes(path, content)

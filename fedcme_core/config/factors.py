@@ -65,6 +65,44 @@ class ReportFactor(_Section):
         return (self.grid not in (None, own_grid)) or self.fedavg not in (None, references.fedavg)
 
 
+class ReportCombination(_Section):
+    """`report.combination`: the readings that helped (names of reading factors), combined and trained at
+    the headline setting in the grid `grid`: FedCME(0.01) (`fedcme`), FedCME(0.1) (`strong`) and its
+    no-exchange twin (`twin`), beside the committed runs of the grid `against` with today's readings:
+    FedAvg, FedRS, FedCME(0.01) (`today`) and FedCME(0.1) (`today_strong`). Methods are keys of `methods`
+    in those grids' files."""
+
+    readings: list[str] = Field(min_length=1)
+    grid: str = Field(pattern=GRID_NAME_PATTERN)
+    fedcme: str
+    strong: str
+    twin: str
+    against: str = Field(pattern=GRID_NAME_PATTERN)
+    fedavg: str
+    fedrs: str
+    today: str
+    today_strong: str
+
+    def methods_by_grid(self) -> dict[str, dict[str, str]]:
+        """{grid: {role: method}}: the combined runs' grid, then the grid of today's runs."""
+        return {self.grid: {"fedcme": self.fedcme, "strong": self.strong, "twin": self.twin},
+                self.against: {"fedavg": self.fedavg, "fedrs": self.fedrs, "today": self.today,
+                               "today_strong": self.today_strong}}
+
+
+def check_combination(combination: ReportCombination | None, references: ReportReferences | None,
+                      factors: Sequence[ReportFactor], own_grid: str) -> None:
+    """Raise ValueError when the combination names a reading that is no reading factor of the report."""
+    if combination is None:
+        return
+    readings = [factor.name for factor in factors
+                if references is not None and not factor.is_setup(references, own_grid)]
+    unknown = [name for name in combination.readings if name not in readings]
+    if unknown:
+        raise ValueError(f"combination.readings: {', '.join(unknown)} is not a reading factor of report.factors "
+                         f"(readings: {', '.join(readings) or 'none'})")
+
+
 def check_factors(references: ReportReferences | None, factors: Sequence[ReportFactor]) -> None:
     """Raise ValueError when factors lack references or two share a name (or one is named 'reference')."""
     if factors and references is None:

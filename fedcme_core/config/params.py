@@ -171,10 +171,10 @@ def load_params(path: str | Path) -> ParamsFile:
 
 
 def check_factor_grids(params: ParamsFile, path: Path) -> None:
-    """The factors of other grids name methods of those grids' files (where the files exist); else one
-    ConfigError naming this file, the factor's key and the other file."""
-    for grid in dict.fromkeys(params.report.factor_grid(factor) for factor in params.report.factors):
-        other = other_grid_file(grid, path) if grid != params.report.name else None
+    """The factors and the combination of other grids name methods of those grids' files (where the files
+    exist); else one ConfigError naming this file, the key and the other file."""
+    for grid in params.report.other_grids():
+        other = other_grid_file(grid, path)
         if other is None:
             continue
         values = read_yaml(other)

@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fedcme_core.config.factors import (
-    GRID_NAME_PATTERN, ReportFactor, ReportReferences, check_factors, factor_method_problems,
+    GRID_NAME_PATTERN, ReportCombination, ReportFactor, ReportReferences, check_combination, check_factors,
+    factor_method_problems,
 )
 from fedcme_core.config.partition_tags import parse_partition_tag, partition_label
 from fedcme_core.config.schema import AlgorithmConfig
@@ -169,10 +170,12 @@ class ReportSection(Section):
     published: list[PublishedFigure] = []
     references: ReportReferences | None = None
     factors: list[ReportFactor] = []
+    combination: ReportCombination | None = None
 
     @model_validator(mode="after")
     def _factors_checked(self) -> ReportSection:
         check_factors(self.references, self.factors)
+        check_combination(self.combination, self.references, self.factors, self.name)
         return self
 
     def factor_grid(self, factor: ReportFactor) -> str:
@@ -180,6 +183,17 @@ class ReportSection(Section):
         return factor.grid or self.name
 
     def method_problems(self, methods: Mapping[str, Any], grid: str, partitions: Any = None) -> list[str]:
-        """Where `references` and the factors of `grid` name a method that `methods` (that grid's) lacks,
-        or a setting outside its `partitions` (when given)."""
-        return factor_method_problems(self.references, self.factors, methods, grid, self.name, partitions)
+        """Where `references`, the factors and the combination of `grid` name a method that `methods`
+        (that grid's) lacks, or a factor a setting outside its `partitions` (when given)."""
+        problems = factor_method_problems(self.references, self.factors, methods, grid, self.name, partitions)
+        if self.combination is not None:
+            problems += [f"report.combination.{role}: {method} not defined in methods of the {grid} grid"
+                         for role, method in self.combination.methods_by_grid().get(grid, {}).items()
+                         if method not in methods]
+        return problems
+
+    def other_grids(self) -> list[str]:
+        """The grids other than this one whose files name the methods of the factors and the combination."""
+        grids = [self.factor_grid(factor) for factor in self.factors]
+        grids += list(self.combination.methods_by_grid()) if self.combination is not None else []
+        return [grid for grid in dict.fromkeys(grids) if grid != self.name]

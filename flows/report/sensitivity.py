@@ -289,9 +289,11 @@ def moves_table(moves: Sequence[Move]) -> str:
 
 
 def factors_csv(rows: Sequence[Comparison], labels: Mapping[str, str], kinds: Mapping[str, str],
-                moves: Sequence[Move], helps: Sequence[Help] = ()) -> str:
+                moves: Sequence[Move], helps: Sequence[Help] = (),
+                descriptions: Mapping[str, str] = COMPARISONS) -> str:
     """One row per factor and comparison (CSV_COLUMNS), differences as fractions; p_value "n<3" below 3 seeds;
-    moved: the seed-0 verdict, helped: a reading's verdict over all its seeds (empty for others)."""
+    moved: the seed-0 verdict, helped: a reading's verdict over all its seeds (empty for others); `descriptions`:
+    {code: what the comparison is} of every row's code."""
     moved = {move.factor: move.status for move in moves}
     helped = {h.factor: h.status for h in helps}
     buffer = io.StringIO()
@@ -302,7 +304,7 @@ def factors_csv(rows: Sequence[Comparison], labels: Mapping[str, str], kinds: Ma
         p_value = "" if d is None or (d.n >= MIN_SEEDS_FOR_P and d.p_value is None) else (
             "n<3" if d.n < MIN_SEEDS_FOR_P else repr(d.p_value))
         writer.writerow([
-            row.factor, labels.get(row.factor, ""), kinds.get(row.factor, ""), row.code, COMPARISONS[row.code],
+            row.factor, labels.get(row.factor, ""), kinds.get(row.factor, ""), row.code, descriptions[row.code],
             row.minuend.grid, row.minuend.method, row.subtrahend.grid, row.subtrahend.method, MEASURE,
             0 if d is None else d.n, "" if d is None else ";".join(map(str, d.by_seed)),
             "" if d is None else repr(d.mean), "" if d is None or d.std is None else repr(d.std),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The sensitivity campaign (configs/params-sensitivity.yaml, params-sensitivity-c2.yaml and
-# params-niid-bench-c2.yaml): every grid in a clone of its own whose code is at one commit, one stage at
+# The sensitivity campaign (configs/params-sensitivity.yaml, params-sensitivity-c2.yaml,
+# params-niid-bench-c2.yaml and params-sensitivity-t100.yaml): every grid in a clone of its own whose code is at one commit, one stage at
 # a time in the order below, skipping a run whose metrics are already in the clone or published under
 # docs/results/<grid>/ of REPO. A run cut short resumes from its last round with the same command.
 #
@@ -32,13 +32,15 @@ checkout() {  # grid name -> a clone at $commit whose params.yaml trains the run
             (cd "$dir" && make install) || return 1
         fi
     fi
-    # COMMIT's grid file (its schema is COMMIT's) with REPO HEAD's list of runs: `grid` and `ablation`.
+    # COMMIT's grid file (its schema is COMMIT's) with REPO HEAD's list of runs, `grid` and `ablation`; a
+    # grid file that COMMIT lacks (the T=100 combination's) is HEAD's, in COMMIT's schema.
     "$dir/.venv/bin/python" - "$repo" "$dir" "$1" <<'PY'
-import subprocess, sys, yaml
+import os, subprocess, sys, yaml
 repo, clone, name = sys.argv[1:]
-params = yaml.safe_load(open(f"{clone}/configs/params-{name}.yaml"))
 head = yaml.safe_load(subprocess.run(["git", "-C", repo, "show", f"HEAD:configs/params-{name}.yaml"],
                                      check=True, capture_output=True, text=True).stdout)
+own = f"{clone}/configs/params-{name}.yaml"
+params = yaml.safe_load(open(own)) if os.path.exists(own) else head
 params.update({section: head[section] for section in ("grid", "ablation")})
 with open(f"{clone}/params.yaml", "w") as file:
     yaml.safe_dump(params, file, sort_keys=False)
@@ -66,6 +68,8 @@ cells("sensitivity", "grid", [0]); cells("sensitivity", "ablation", [0]); cells(
 cells("sensitivity", "grid", [1, 2]); cells("sensitivity-c2", "grid", [1, 2])
 # 3. NIID-Bench's #C=2 check: FedAvg, 10 clients, seeds 0-2.
 cells("niid-bench-c2", "grid", [0, 1, 2])
+# 4. The readings that helped, combined at T=100: FedCME(0.01), FedCME(0.1) and its twin, seeds 0-2.
+cells("sensitivity-t100", "grid", [0, 1, 2])
 PY
 }
 

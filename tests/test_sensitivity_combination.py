@@ -1,0 +1,145 @@
+"""The sensitivity study's combination at T=100: `report.combination`, its paired comparisons and verdict, the tool."""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import statistics
+
+import pytest
+import yaml
+
+from fedcme_core.config.files import ConfigError
+from fedcme_core.config.params import load_params
+from fedcme_core.config.sections import ReportSection
+from flows.report import combination as rc
+from flows.report import sensitivity as rs
+
+from .conftest import REPO_ROOT
+from .test_sensitivity_report import (
+    SEEDS3, SENSITIVITY, T100, accuracy, config_changes, main, publish_copy, real_results, runs, sensitivity_values,
+    write_grid,
+)
+
+COMBINATION = {"readings": ["f1"], "grid": "t100", "fedcme": "c001", "strong": "c01", "twin": "c01-nx",
+               "against": "today", "fedavg": "avg", "fedrs": "rs", "today": "cme001", "today_strong": "cme01"}
+
+
+def report_with(combination: dict) -> ReportSection:
+    return ReportSection.model_validate({
+        "name": "main", "references": {"fedavg": "fedavg", "fedrs": "fedrs", "fedcme": "fedcme", "twin": "twin"},
+        "factors": [{"name": "f1", "label": "reading one", "fedcme": "f1", "twin": "f1-nx"},
+                    {"name": "e4", "label": "setup E=4", "fedcme": "e4", "twin": "e4-nx", "fedavg": "avg-e4"}],
+        "combination": combination})
+
+
+def hand_made(exchange_seed2: float = 0.50) -> dict[str, list[dict]]:
+    return {
+        "t100": [*runs("c001", {0: 0.56, 1: 0.57, 2: 0.58}), *runs("c01", {0: 0.55, 1: 0.55, 2: 0.55}),
+                 *runs("c01-nx", {0: 0.54, 1: 0.53, 2: exchange_seed2})],
+        "today": [*runs("avg", {0: 0.52, 1: 0.50, 2: 0.53}), *runs("rs", {0: 0.55, 1: 0.56, 2: 0.57}),
+                  *runs("cme001", {0: 0.53, 1: 0.52, 2: 0.54}), *runs("cme01", {0: 0.52, 1: 0.52, 2: 0.52})],
+    }
+
+
+def test_the_combination_is_compared_seed_by_seed_with_the_committed_runs():
+    combination = report_with(COMBINATION).combination
+    rows = {row.code: row for row in rc.comparisons(combination, hand_made())}
+
+    assert list(rows) == ["t1", "t2", "t3", "t4", "t5", "t6", "t7"]
+    points = {code: {seed: round(100 * value, 6) for seed, value in row.difference.by_seed.items()}
+              for code, row in rows.items()}
+    assert points["t1"] == {0: 4.0, 1: 7.0, 2: 5.0}     # c001 - avg
+    assert points["t2"] == {0: 1.0, 1: 1.0, 2: 1.0}     # c001 - rs
+    assert points["t4"] == {0: 1.0, 1: 2.0, 2: 5.0}     # c01 - c01-nx: the exchange
+    assert points["t6"] == {0: 0.0, 1: -1.0, 2: -2.0}   # c01 - rs
+    assert (rows["t3"].minuend, rows["t3"].subtrahend) == (rs.Side("t100", "c001"), rs.Side("today", "cme001"))
+
+    text = rc.verdict_text(list(rows.values()))
+    assert text.startswith("FedCME best: yes for FedCME(0.01) combined, ahead of FedAvg and FedRS on every one of "
+                           "3 seeds.")
+    assert "The exchange (the paper's main effect) helps: it beats no exchange on every one of 3 seeds." in text
+
+
+def test_the_verdict_says_no_where_a_seed_is_lost_and_waits_for_missing_runs():
+    combination = report_with(COMBINATION).combination
+    lost = rc.verdict_text(rc.comparisons(combination, hand_made(exchange_seed2=0.56)))   # seed 2: -1 point
+    assert "helps: no; the combined FedCME(0.1) does not beat its no-exchange twin on every seed." in lost
+
+    entries = hand_made()
+    entries["t100"] = [e for e in entries["t100"] if e["method_name"] != "c01-nx"]
+    assert rc.verdict_text(rc.comparisons(combination, entries)).startswith("The combination's runs are not all")
+    losing = hand_made()
+    for e in losing["t100"]:
+        e["final_accuracy"] -= 0.05
+    assert rc.verdict_text(rc.comparisons(combination, losing)).startswith("FedCME best: no; neither combined")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda c: c.update(readings=["e4"]), r"combination\.readings: e4 is not a reading factor of report\.factors "
+                                          r"\(readings: f1\)"),
+    (lambda c: c.update(readings=[]), r"combination\.readings"),
+    (lambda c: c.pop("twin"), r"combination\.twin"),
+])
+def test_a_bad_combination_is_refused(change, message):
+    combination = dict(COMBINATION)
+    change(combination)
+    with pytest.raises(ValueError, match=message):
+        report_with(combination)
+
+
+def test_the_combination_names_methods_of_the_grid_files_beside_it(tmp_path):
+    values = sensitivity_values()
+    shutil.copy(REPO_ROOT / "configs" / "params-cifar10-t100.yaml", tmp_path)
+    t100 = yaml.safe_load((REPO_ROOT / "configs" / "params-sensitivity-t100.yaml").read_text())
+    del t100["methods"]["combined-mu01-nx"]
+    t100["grid"]["methods"].remove("combined-mu01-nx")
+    write_grid(tmp_path, t100, "params-sensitivity-t100.yaml")
+
+    with pytest.raises(ConfigError, match=r"report\.combination\.twin: combined-mu01-nx not defined in methods of "
+                                          r"the sensitivity-t100 grid \(.*params-sensitivity-t100\.yaml\)$"):
+        load_params(write_grid(tmp_path, values))
+
+
+def test_the_shipped_combination_changes_only_the_readings_it_combines():
+    params = load_params(SENSITIVITY)
+    combination = params.report.combination
+    today, combined = (load_params(REPO_ROOT / "configs" / f"params-{grid}.yaml")
+                       for grid in (combination.against, combination.grid))
+    factors = {factor.name: factor for factor in params.report.factors}
+    cell = ("cifar10", "a0.1", 50, 20, 0)
+
+    for reading in combination.readings:
+        screen = params.cell_config(factors[reading].fedcme, *cell).model_dump(mode="json")
+        reference = params.cell_config(params.report.references.fedcme, *cell).model_dump(mode="json")
+        combined_config = combined.cell_config(combination.fedcme, *cell).model_dump(mode="json")
+        today_config = today.cell_config(combination.today, *cell).model_dump(mode="json")
+        assert set(config_changes(reference, screen)) <= set(config_changes(today_config, combined_config))
+    assert combined.cell_config(combination.strong, *cell).algorithm.mu == 0.1
+    assert combined.cell_config(combination.twin, *cell).algorithm.exchange == "none"
+    assert combined.base.federation.rounds == today.base.federation.rounds == 100
+
+
+def test_the_tool_writes_the_combination_section_and_its_csv_rows(tmp_path):
+    results = real_results(tmp_path)
+    shutil.copytree(T100, results / "cifar10-t100")
+    run = "cifar10-a0.1-k50m20-{}-s{}"
+    for seed in SEEDS3:
+        for source, method in (("fedprox-mu001", "combined-mu001"), ("fedrs-a01", "combined-mu01"),
+                               ("fedprox-mu0001", "combined-mu01-nx")):
+            publish_copy(run.format(source, seed), results, "sensitivity-t100", method, seed)
+
+    assert main(["--params", str(SENSITIVITY), "--results", str(results)]) == 0
+
+    report = (tmp_path / "docs" / "results-sensitivity.md").read_text()
+    assert "## The combination at T=100" in report and "Combined: classifier2 (model.classifier_layers: 1 → 2)" in report
+    table = list(csv.DictReader(io.StringIO((results / "sensitivity-factors.csv").read_text())))
+    t1 = next(row for row in table if (row["factor"], row["comparison"]) == ("combination", "t1"))
+    expected = [accuracy(run.format("fedprox-mu001", seed)) - accuracy(run.format("fedavg", seed)) for seed in SEEDS3]
+    assert (t1["n"], t1["minuend_grid"], t1["subtrahend_grid"]) == ("3", "sensitivity-t100", "cifar10-t100")
+    assert float(t1["mean"]) == pytest.approx(sum(expected) / 3)
+    assert t1["description"] == "T=100: FedCME(0.01) combined − FedAvg" and t1["kind"] == "combination"
+    wins, spread = sum(value > 0 for value in expected), 100 * statistics.stdev(expected)
+    assert (f"| FedCME(0.01) combined − FedAvg | {100 * sum(expected) / 3:+.2f} ± {spread:.2f} (3) | {wins}/3 |"
+            in report)
