@@ -22,6 +22,8 @@ from .test_sensitivity_report import (
     write_grid,
 )
 
+from publish_sensitivity import combination_part  # noqa: E402  (tools/ is on sys.path from the module above)
+
 COMBINATION = {"readings": ["f1"], "grid": "t100", "fedcme": "c001", "strong": "c01", "twin": "c01-nx",
                "against": "today", "fedavg": "avg", "fedrs": "rs", "today": "cme001", "today_strong": "cme01"}
 
@@ -143,3 +145,19 @@ def test_the_tool_writes_the_combination_section_and_its_csv_rows(tmp_path):
     wins, spread = sum(value > 0 for value in expected), 100 * statistics.stdev(expected)
     assert (f"| FedCME(0.01) combined − FedAvg | {100 * sum(expected) / 3:+.2f} ± {spread:.2f} (3) | {wins}/3 |"
             in report)
+
+
+def test_the_report_says_so_where_the_rule_comes_to_give_other_readings_than_those_combined():
+    params = load_params(SENSITIVITY)
+    rows = rc.comparisons(params.report.combination, {})
+
+    def part(statuses: dict[str, str]) -> str:
+        helps = [rs.Help(name, 0.0, 0.0, 0.0, status) for name, status in statuses.items()]
+        return "".join(combination_part(params, {}, {}, helps, rows))
+
+    assert "the grid files are not both here" in part({"classifier2": "helped"})
+    assert "The rule now gives" not in part({"classifier2": "helped", "sample-mean": "did not help"})
+    assert "The rule now gives" not in part({"classifier2": "did not help", "class-counts": "pending"})
+    assert "The rule now gives sample-mean, not the readings combined." in part(
+        {"classifier2": "did not help", "sample-mean": "helped"})
+    assert "The rule now gives no reading, not the readings combined." in part({"classifier2": "did not help"})
