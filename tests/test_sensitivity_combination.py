@@ -161,3 +161,11 @@ def test_the_report_says_so_where_the_rule_comes_to_give_other_readings_than_tho
     assert "The rule now gives sample-mean, not the readings combined." in part(
         {"classifier2": "did not help", "sample-mean": "helped"})
     assert "The rule now gives no reading, not the readings combined." in part({"classifier2": "did not help"})
+
+
+def test_the_combination_has_a_panel_whose_roles_the_figure_draws():
+    from flows.report.sensitivity_figure import ROLE_STYLES
+
+    panel = rc.panel_sides(report_with(COMBINATION).combination)
+    assert panel["strong_twin"] == rs.Side("t100", "c01-nx") and panel["today_fedcme"] == rs.Side("today", "cme001")
+    assert len(panel) == 7 and set(panel) <= set(ROLE_STYLES)

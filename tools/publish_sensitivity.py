@@ -195,6 +195,9 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
     panels = [(f"{factor.name}: {factor.label}", {**rs.factor_sides(report, factor, partition),
                                                    "today_fedcme": today["fedcme"], "today_twin": today["twin"]})
               for factor in report.factors]
+    if report.combination is not None:
+        panels.append((f"combination at T=100: {', '.join(report.combination.readings)}",
+                       rc.panel_sides(report.combination)))
     kinds = {rs.REFERENCE: "reference", rc.FACTOR: rc.FACTOR,
              **{factor.name: "setup" if rs.is_setup(report, factor) else "reading" for factor in report.factors}}
     labels = {rs.REFERENCE: "today's readings", rc.FACTOR: "the readings that helped, combined at T=100",

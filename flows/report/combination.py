@@ -42,6 +42,13 @@ def sides(combination: ReportCombination) -> dict[str, rs.Side]:
             for role, method in roles.items()}
 
 
+def panel_sides(combination: ReportCombination) -> dict[str, rs.Side]:
+    """{figure role: Side} of the combination's panel (:mod:`flows.report.sensitivity_figure`'s roles)."""
+    roles = {"fedcme": "fedcme", "strong": "strong", "twin": "strong_twin", "today": "today_fedcme",
+             "today_strong": "today_strong", "fedavg": "fedavg", "fedrs": "fedrs"}
+    return {roles[role]: side for role, side in sides(combination).items()}
+
+
 def comparisons(combination: ReportCombination,
                 entries_by_grid: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[rs.Comparison]:
     """The rows t1-t7, paired by seed (a difference is None until both sides have a common seed)."""

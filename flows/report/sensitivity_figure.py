@@ -1,7 +1,8 @@
 """The sensitivity study's curves: test accuracy per round, one panel per factor.
 
 Each panel draws the factor's FedCME and its no-exchange twin, today's FedCME and twin, and the
-factor's FedAvg (the reference FedAvg for a reading factor), each the mean over the seeds it has (the
+factor's FedAvg (the reference FedAvg for a reading factor); the combination's panel (T=100) also its
+FedCME(0.1) and twin, today's FedCME(0.1) and FedRS. Each is the mean over the seeds it has (the
 legend's line styles are the same in every panel; (n) in the panel's title counts the seeds per run).
 A run without runs yet is left out of its panel, a panel without any says so. The figure is at most
 MAX_WIDTH_PX wide.
@@ -33,7 +34,13 @@ ROLE_STYLES = {
     "today_fedcme": ("FedCME(0.01), today's readings", "tab:blue", "-."),
     "today_twin": ("today's no-exchange twin", "tab:blue", ":"),
     "fedavg": ("FedAvg (this setup)", "black", (0, (6, 2))),
+    # the combination's panel (T=100): FedCME(0.1) and its twin, today's FedCME(0.1), FedRS
+    "strong": ("FedCME(0.1), this reading", "tab:orange", "-"),
+    "strong_twin": ("FedCME(0.1)'s no-exchange twin", "tab:orange", "--"),
+    "today_strong": ("FedCME(0.1), today's readings", "tab:cyan", "-."),
+    "fedrs": ("FedRS (this setup)", "tab:gray", (0, (6, 2))),
 }
+LEGEND_COLUMNS = 5
 
 
 def side_curves(entries_by_grid: Mapping[str, Sequence[Mapping[str, Any]]], folders: Mapping[str, Path],
@@ -82,7 +89,8 @@ def factor_panels_png(panels: Sequence[tuple[str, Mapping[str, Side]]],
         axes.grid(alpha=0.3)
     labels = [label for label, _, _ in ROLE_STYLES.values() if label in handles]
     if labels:
-        figure.legend([handles[label] for label in labels], labels, loc="outside upper center", ncol=len(labels),
+        figure.legend([handles[label] for label in labels], labels, loc="outside upper center",
+                      ncol=min(len(labels), LEGEND_COLUMNS),
                       fontsize=8, title="mean over the seeds each run has", title_fontsize=8)
     return png_at(figure)
 
