@@ -169,3 +169,25 @@ def test_the_combination_has_a_panel_whose_roles_the_figure_draws():
     panel = rc.panel_sides(report_with(COMBINATION).combination)
     assert panel["strong_twin"] == rs.Side("t100", "c01-nx") and panel["today_fedcme"] == rs.Side("today", "cme001")
     assert len(panel) == 7 and set(panel) <= set(ROLE_STYLES)
+
+
+def test_the_niid_bench_check_sets_our_runs_beside_the_published_figure(tmp_path):
+    results = real_results(tmp_path)
+    run = "cifar10-a0.1-k50m20-fedavg-s{}"
+    for seed in SEEDS3:
+        publish_copy(run.format(seed), results, "niid-bench-c2", "fedavg", seed, "c2", (10, 10))
+
+    assert main(["--params", str(SENSITIVITY), "--results", str(results)]) == 0
+
+    report = (tmp_path / "docs" / "results-sensitivity.md").read_text()
+    ours = [100 * accuracy(run.format(seed)) for seed in SEEDS3]
+    mean, spread = sum(ours) / 3, statistics.stdev(ours)
+    assert "## The niid-bench-c2 check: ours beside the published figures" in report
+    assert (f"| FedAvg | CIFAR-10 #C=2 K=10 M=10 | final (mean of the last rounds) | {mean:.2f} ± {spread:.2f} (3) "
+            f"| 49.80 | {mean - 49.8:+.2f} |") in report
+
+
+def test_a_check_names_a_grid():
+    with pytest.raises(ValueError, match=r"checks\.0"):
+        ReportSection.model_validate({"name": "main", "checks": ["NIID bench"]})
+    assert ReportSection.model_validate({"name": "main", "checks": ["niid-bench-c2"]}).other_grids() == ["niid-bench-c2"]

@@ -16,7 +16,7 @@ import yaml
 from fedcme_core.config.files import ConfigError
 from fedcme_core.results.metrics import split_summary, with_content_hash
 from fedcme_core.config.params import load_params, params_from_dict
-from fedcme_core.config.sections import ReportSection
+from fedcme_core.config.sections import ReportSection, setting_label
 from flows.report import combination as rc
 from flows.report import sensitivity as rs
 from flows.report.inputs import load_metrics
@@ -269,12 +269,15 @@ def test_a_factor_of_another_grid_is_checked_against_that_grid_file_when_it_exis
 
 
 # ----------------------------------------------------------------------------- the tool, end to end
-def publish_copy(source: str, target: Path, grid: str, method: str, seed: int, partition: str = "a0.1") -> None:
+def publish_copy(source: str, target: Path, grid: str, method: str, seed: int, partition: str = "a0.1",
+                 clients: tuple[int, int] = (50, 20)) -> None:
     """Copy a committed T=100 run as `method`'s seed-`seed` run of a sensitivity grid (rehashed, in split form)."""
     about = json.loads((T100 / "about" / f"{source}.json").read_text())
     results = json.loads((T100 / f"{source}.json").read_text())
-    name = f"cifar10-{partition}-k50m20-{method}-s{seed}"
+    name = f"cifar10-{partition}-k{clients[0]}m{clients[1]}-{method}-s{seed}"
     about.update(experiment=name, method_name=method, method=method, seed=seed, partition=partition,
+                 num_clients=clients[0], clients_per_round=clients[1],
+                 setting=setting_label("cifar10", partition, *clients),
                  group="main" if grid != "sensitivity" or method in ("fedavg", "fedcme-mu001") else "ablation")
     about.pop("content_sha256")
     results_part, about_part = split_summary(with_content_hash({**results, **about}))

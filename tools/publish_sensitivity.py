@@ -35,6 +35,7 @@ from fedcme_core.config.factors import other_grid_file  # noqa: E402
 from flows.report import combination as rc  # noqa: E402
 from flows.report import sensitivity as rs  # noqa: E402
 from flows.report.inputs import load_metrics  # noqa: E402
+from flows.report.published import published_figures, published_table  # noqa: E402
 from flows.report.sensitivity_figure import factor_panels_png  # noqa: E402
 
 IGNORED_CHANGES = ("seed",)
@@ -139,6 +140,7 @@ def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], 
         + (f" Pending (a run missing): {', '.join(h.factor for h in helps if h.status == 'pending')}."
            if any(h.status == "pending" for h in helps) else "") + "\n",
         *combination_part(params, grids, entries, helps, combined),
+        *checks_part(params, grids, entries),
         "## Test accuracy per round\n",
         f"![curves per factor]({links['figure']})\n",
         "## The answer\n",
@@ -166,6 +168,18 @@ def combination_part(params: ParamsFile, grids: Mapping[str, ParamsFile | None],
     mismatch = ([] if sorted(helped) == sorted(combination.readings) or any(h.status == "pending" for h in helps)
                 else [f"The rule now gives {', '.join(helped) or 'no reading'}, not the readings combined.\n"])
     return [rc.section(combination, entries, rows, changes), *mismatch]
+
+
+def checks_part(params: ParamsFile, grids: Mapping[str, ParamsFile | None],
+                entries: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """A section per grid of `report.checks`: its published figures beside our runs of that grid."""
+    parts = []
+    for grid in params.report.checks:
+        other = grids.get(grid)
+        parts.append(f"## The {grid} check: ours beside the published figures\n")
+        parts.append(f"(the {grid} grid file is not here)\n" if other is None else
+                     published_table(entries.get(grid, ()), published_figures(other)))
+    return parts
 
 
 def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None = None, output_csv: Path | None = None,

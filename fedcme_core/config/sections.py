@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from fedcme_core.config.factors import (
     GRID_NAME_PATTERN, ReportCombination, ReportFactor, ReportReferences, check_combination, check_factors,
@@ -171,6 +171,8 @@ class ReportSection(Section):
     references: ReportReferences | None = None
     factors: list[ReportFactor] = []
     combination: ReportCombination | None = None
+    checks: list[Annotated[str, StringConstraints(pattern=GRID_NAME_PATTERN)]] = Field(
+        [], description="other grids whose published figures (their report.published) the report sets beside ours")
 
     @model_validator(mode="after")
     def _factors_checked(self) -> ReportSection:
@@ -193,7 +195,8 @@ class ReportSection(Section):
         return problems
 
     def other_grids(self) -> list[str]:
-        """The grids other than this one whose files name the methods of the factors and the combination."""
+        """The grids other than this one that the report reads: those of the factors, the combination and the checks."""
         grids = [self.factor_grid(factor) for factor in self.factors]
         grids += list(self.combination.methods_by_grid()) if self.combination is not None else []
+        grids += self.checks
         return [grid for grid in dict.fromkeys(grids) if grid != self.name]
