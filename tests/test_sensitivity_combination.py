@@ -191,3 +191,16 @@ def test_a_check_names_a_grid():
     with pytest.raises(ValueError, match=r"checks\.0"):
         ReportSection.model_validate({"name": "main", "checks": ["NIID bench"]})
     assert ReportSection.model_validate({"name": "main", "checks": ["niid-bench-c2"]}).other_grids() == ["niid-bench-c2"]
+
+
+def test_the_answer_in_words_heads_the_rules_answer_where_it_is_written(tmp_path):
+    results = real_results(tmp_path)
+    assert main(["--params", str(SENSITIVITY), "--results", str(results)]) == 0
+    report = (tmp_path / "docs" / "results-sensitivity.md").read_text()
+    assert "By the rule" not in report and "## The answer\n\nNo reading did" in report
+
+    (results / "sensitivity" / "ANSWER.md").write_text("No: under no reading did FedCME win.\n")
+    assert main(["--params", str(SENSITIVITY), "--results", str(results)]) == 0
+    report = (tmp_path / "docs" / "results-sensitivity.md").read_text()
+    assert ("## The answer\n\nNo: under no reading did FedCME win.\n\nBy the rule, from the runs published so far:"
+            "\n\nNo reading did") in report

@@ -5,12 +5,13 @@
         [--png docs/results-sensitivity-factors.png]
 
 Reads the published metrics of the grid (``<results>/<report.name>/``) and of the other grids its
-factors name (``<results>/<grid>/``, e.g. sensitivity-c2), and writes the Markdown report (the setting,
+factors, combination and checks name (``<results>/<grid>/``, e.g. sensitivity-c2), and writes the Markdown report (the setting,
 what each factor is, the final accuracies, the paired differences (a)-(d) of
 :mod:`flows.report.sensitivity`, the factors that moved on seed 0, the readings that helped, their
-combination at T=100 (:mod:`flows.report.combination`, from ``report.combination``), the curves and
-"## The answer"), the figure of the curves, and the CSV with one row per factor and comparison (with
-the seed-0 move and, for a reading, whether it helped; the combination's rows t1-t7). A run not published yet
+combination at T=100 (:mod:`flows.report.combination`, from ``report.combination``), the checks
+against published figures (``report.checks``), the curves and "## The answer"), the figure of the curves, and the CSV with one row per factor and comparison (with
+the seed-0 move and, for a reading, whether it helped; the combination's rows t1-t7). The answer in
+words, ``<results>/<grid>/ANSWER.md`` where it exists, heads "## The answer". A run not published yet
 is shown as missing, so the report is rebuilt as runs arrive. Run it after each
 ``tools/publish_results.py --grid sensitivity``, which writes the grid's generic report to the same
 Markdown path.
@@ -91,8 +92,9 @@ def factor_rows(params: ParamsFile, grids: Mapping[str, ParamsFile | None], part
 def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], partition: str | None,
                     entries: Mapping[str, Sequence[Mapping[str, Any]]], rows: Sequence[rs.Comparison],
                     moves: Sequence[rs.Move], helps: Sequence[rs.Help], combined: Sequence[rs.Comparison],
-                    links: Mapping[str, str]) -> str:
-    """The report's Markdown text (see the module's docstring); `links`: the figure's and the NOTE's paths."""
+                    links: Mapping[str, str], answer: str | None = None) -> str:
+    """The report's Markdown text (see the module's docstring); `links`: the figure's and the NOTE's paths;
+    `answer`: the study's answer in words (ANSWER.md), set above the rule's answer."""
     report = params.report
     cell = cell_of(params, report.references.fedcme, partition)
     config = params.cell_config(*cell)
@@ -144,6 +146,7 @@ def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], 
         "## Test accuracy per round\n",
         f"![curves per factor]({links['figure']})\n",
         "## The answer\n",
+        *([answer.strip() + "\n", "By the rule, from the runs published so far:\n"] if answer else []),
         rs.answer_text(rows, [factor.name for factor in report.factors]),
     ]
     return "\n".join(parts)
@@ -194,6 +197,7 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
     markdown = Path(markdown or docs / f"results-{report.name}.md")
     output_csv = Path(output_csv or Path(results) / f"{report.name}-factors.csv")
     png = Path(png or docs / f"results-{report.name}-factors.png")
+    answer = Path(results) / report.name / "ANSWER.md"  # the answer in words, once the runs are done
     names = [report.name, *report.other_grids()]
     grids = {report.name: params}
     for name in names[1:]:
@@ -220,7 +224,7 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
         png: factor_panels_png(panels, entries, {name: Path(results) / name for name in names}),
         markdown: report_markdown(params, grids, partition, entries, rows, moves, helps, combined, {
             "figure": relative(png, markdown), "note": relative(Path(results) / report.name / "NOTE.md", markdown),
-        }).encode(),
+        }, answer.read_text(encoding="utf-8") if answer.is_file() else None).encode(),
         output_csv: rs.factors_csv([*rows, *combined], labels, kinds, moves, helps,
                                    {**rs.COMPARISONS, **rc.DESCRIPTIONS}).encode(),
     }
