@@ -135,7 +135,8 @@ def test_the_tool_writes_the_combination_section_and_its_csv_rows(tmp_path):
     assert main(["--params", str(SENSITIVITY), "--results", str(results)]) == 0
 
     report = (tmp_path / "docs" / "results-sensitivity.md").read_text()
-    assert "## The combination at T=100" in report and "Combined: classifier2 (model.classifier_layers: 1 → 2)" in report
+    assert "## The combination at T=100" in report and ("Combined: classifier2, class-counts (algorithm.feature_weights: samples → "
+                                                   "class_counts; model.classifier_layers: 1 → 2)") in report
     table = list(csv.DictReader(io.StringIO((results / "sensitivity-factors.csv").read_text())))
     t1 = next(row for row in table if (row["factor"], row["comparison"]) == ("combination", "t1"))
     expected = [accuracy(run.format("fedprox-mu001", seed)) - accuracy(run.format("fedavg", seed)) for seed in SEEDS3]
@@ -155,12 +156,14 @@ def test_the_report_says_so_where_the_rule_comes_to_give_other_readings_than_tho
         helps = [rs.Help(name, 0.0, 0.0, 0.0, status) for name, status in statuses.items()]
         return "".join(combination_part(params, {}, {}, helps, rows))
 
-    assert "the grid files are not both here" in part({"classifier2": "helped"})
-    assert "The rule now gives" not in part({"classifier2": "helped", "sample-mean": "did not help"})
-    assert "The rule now gives" not in part({"classifier2": "did not help", "class-counts": "pending"})
-    assert "The rule now gives sample-mean, not the readings combined." in part(
-        {"classifier2": "did not help", "sample-mean": "helped"})
-    assert "The rule now gives no reading, not the readings combined." in part({"classifier2": "did not help"})
+    combined = params.report.combination.readings            # classifier2, class-counts
+    helped = dict.fromkeys(combined, "helped")
+    assert "the grid files are not both here" in part(helped)
+    assert "The rule now gives" not in part({**helped, "sample-mean": "did not help"})
+    assert "The rule now gives" not in part({**helped, combined[0]: "did not help", "sample-sum": "pending"})
+    assert f"The rule now gives {combined[1]}, sample-mean, not the readings combined." in part(
+        {**helped, combined[0]: "did not help", "sample-mean": "helped"})
+    assert "The rule now gives no reading, not the readings combined." in part(dict.fromkeys(combined, "did not help"))
 
 
 def test_the_combination_has_a_panel_whose_roles_the_figure_draws():
