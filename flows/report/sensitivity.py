@@ -214,9 +214,12 @@ def fedcme_best(rows: Sequence[Comparison], factor: str) -> bool:
     return c is not None and d is not None and c.mean > 0 and d.mean > 0
 
 
+SCREEN = "n<3: a screen, not a demonstration"  # what a difference over fewer than MIN_SEEDS_FOR_P seeds is
+
+
 def _caveat(difference: PairedDifference) -> str:
     if difference.n < MIN_SEEDS_FOR_P:
-        return "n<3: a screen, not a demonstration"
+        return SCREEN
     return f"p = {p_text(difference)}" + (", demonstrated" if difference.demonstrated else
                                           ", not demonstrated at p < 0.05")
 
@@ -234,9 +237,10 @@ def answer_text(rows: Sequence[Comparison], factors: Sequence[str]) -> str:
     exchange = [f for f in measured if exchange_helps(rows, f)]
     both = [f for f in best if f in exchange]
     if both:
-        parts = [f"{f} (b on {find(rows, f, 'b').difference.wins}/{find(rows, f, 'b').difference.n} seeds, "
-                 f"{_caveat(find(rows, f, 'b').difference)}; d {difference_text(find(rows, f, 'd').difference)}, "
-                 f"{_caveat(find(rows, f, 'd').difference)})" for f in both]
+        parts = []
+        for f in both:
+            b, d = find(rows, f, "b").difference, find(rows, f, "d").difference
+            parts.append(f"{f} (b on {b.wins}/{b.n} seeds, {_caveat(b)}; d {difference_text(d)}, {_caveat(d)})")
         text = (f"Both claims held under {len(both)} of the {len(measured)} readings with runs (today's and the "
                 "factors): " + "; ".join(parts) + ".")
     else:
