@@ -15,6 +15,7 @@ from fedcme_core.config.params import load_params
 from fedcme_core.config.sections import ReportSection
 from flows.report import combination as rc
 from flows.report import sensitivity as rs
+from flows.report import verdicts
 
 from .conftest import REPO_ROOT
 from .test_sensitivity_report import (
@@ -153,7 +154,7 @@ def test_the_report_says_so_where_the_rule_comes_to_give_other_readings_than_tho
     rows = rc.comparisons(params.report.combination, {})
 
     def part(statuses: dict[str, str]) -> str:
-        helps = [rs.Help(name, 0.0, 0.0, 0.0, status) for name, status in statuses.items()]
+        helps = [verdicts.Help(name, 0.0, 0.0, 0.0, status) for name, status in statuses.items()]
         return "".join(combination_part(params, {}, {}, helps, rows))
 
     combined = params.report.combination.readings            # classifier2, class-counts

@@ -19,6 +19,7 @@ from fedcme_core.config.params import load_params, params_from_dict
 from fedcme_core.config.sections import ReportSection, setting_label
 from flows.report import combination as rc
 from flows.report import sensitivity as rs
+from flows.report import verdicts
 from flows.report.inputs import load_metrics
 from flows.report.seed_stats import PairedDifference
 
@@ -122,27 +123,27 @@ def test_setup_factors_use_their_own_fedavg_and_grid_and_missing_runs_are_none()
 
 
 def test_seed0_moves_use_a_and_b_minus_todays_b_at_one_and_a_half_points():
-    moves = {move.factor: move for move in rs.seed0_moves(rows(), FACTORS)}
+    moves = {move.factor: move for move in verdicts.seed0_moves(rows(), FACTORS)}
 
     assert {name: move.status for name, move in moves.items()} == {
         "f1": "moved", "f2": "moved", "f3": "did not move", "e4": "moved", "c2": "moved"}
     assert round(100 * moves["f1"].b_shift, 6) == 0.0 and round(100 * moves["f2"].b_shift, 6) == 1.5
     assert round(100 * moves["f3"].a, 6) == 1.49
     assert moves["e4"].b_shift is None  # e4 moved on (a) alone: -3 points
-    assert rs.seed0_moves(rows(), ["f3"], points=1.4)[0].status == "moved"
+    assert verdicts.seed0_moves(rows(), ["f3"], points=1.4)[0].status == "moved"
 
 
 def test_a_factor_with_a_run_missing_and_a_small_a_is_pending():
     entries = hand_made()
     entries["main"] = [e for e in entries["main"] if e["method_name"] != "f3-nx"]
 
-    (move,) = rs.seed0_moves(rs.comparisons(REPORT, entries, "a0.1"), ["f3"])
+    (move,) = verdicts.seed0_moves(rs.comparisons(REPORT, entries, "a0.1"), ["f3"])
 
     assert move.status == "pending" and move.b_shift is None
 
 
 def test_the_answer_names_the_readings_where_fedcme_was_best_and_its_exchange_won_every_seed():
-    text = rs.answer_text(rows(), FACTORS)
+    text = verdicts.answer_text(rows(), FACTORS)
 
     # today: b +1, 0, -1 (not every seed), c +2.67, d +1; f1: b +1, +1, c +2.5, d +0.5;
     # f2: b +2.5 (1 seed), c +3.5, d +0.5; f3: b +1, c +3.49, d +0.49.
@@ -159,17 +160,17 @@ def test_the_answer_says_plainly_when_no_reading_did_or_nothing_ran():
     for e in entries["main"]:
         if e["method_name"] in ("f1-nx", "f2-nx", "f3-nx"):
             e["final_accuracy"] = 0.9  # every twin beats its FedCME
-    no_exchange = rs.answer_text(rs.comparisons(REPORT, entries, "a0.1"), FACTORS)
+    no_exchange = verdicts.answer_text(rs.comparisons(REPORT, entries, "a0.1"), FACTORS)
     for e in entries["main"]:
         if e["method_name"] == "fedrs":
             e["final_accuracy"] = 0.9  # and FedRS beats every FedCME
-    neither = rs.answer_text(rs.comparisons(REPORT, entries, "a0.1"), FACTORS)
+    neither = verdicts.answer_text(rs.comparisons(REPORT, entries, "a0.1"), FACTORS)
 
     assert no_exchange.startswith("No reading did: under none of the 4 readings with runs")
     assert "FedCME ahead of FedAvg and FedRS: reference, f1, f2, f3. The exchange ahead of no exchange on every seed: " \
            "under none." in no_exchange
     assert "FedCME ahead of FedAvg and FedRS: under none." in neither
-    assert rs.answer_text(rs.comparisons(REPORT, {}, "a0.1"), FACTORS).startswith("No factor has its runs yet")
+    assert verdicts.answer_text(rs.comparisons(REPORT, {}, "a0.1"), FACTORS).startswith("No factor has its runs yet")
 
 
 def test_two_runs_of_one_method_and_seed_are_one_error_naming_both():
@@ -181,7 +182,7 @@ def test_two_runs_of_one_method_and_seed_are_one_error_naming_both():
 
 def test_factors_csv_has_a_row_per_factor_and_comparison_in_fractions():
     table = list(csv.DictReader(io.StringIO(rs.factors_csv(rows(), {"f1": "reading one"}, {"f1": "reading"},
-                                                           rs.seed0_moves(rows(), FACTORS)))))
+                                                           verdicts.statuses(verdicts.seed0_moves(rows(), FACTORS))))))
 
     assert len(table) == 3 + 4 * len(FACTORS)
     f1a = next(row for row in table if (row["factor"], row["comparison"]) == ("f1", "a"))

@@ -35,6 +35,7 @@ from fedcme_core.config.sections import setting_label  # noqa: E402
 from fedcme_core.config.factors import other_grid_file  # noqa: E402
 from flows.report import combination as rc  # noqa: E402
 from flows.report import sensitivity as rs  # noqa: E402
+from flows.report import verdicts  # noqa: E402
 from flows.report.inputs import load_metrics  # noqa: E402
 from flows.report.published import published_figures, published_table  # noqa: E402
 from flows.report.sensitivity_figure import factor_panels_png  # noqa: E402
@@ -91,7 +92,7 @@ def factor_rows(params: ParamsFile, grids: Mapping[str, ParamsFile | None], part
 
 def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], partition: str | None,
                     entries: Mapping[str, Sequence[Mapping[str, Any]]], rows: Sequence[rs.Comparison],
-                    moves: Sequence[rs.Move], helps: Sequence[rs.Help], combined: Sequence[rs.Comparison],
+                    moves: Sequence[verdicts.Move], helps: Sequence[verdicts.Help], combined: Sequence[rs.Comparison],
                     links: Mapping[str, str], answer: str | None = None) -> str:
     """The report's Markdown text (see the module's docstring); `links`: the figure's and the NOTE's paths;
     `answer`: the study's answer in words (ANSWER.md), set above the rule's answer."""
@@ -128,16 +129,16 @@ def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], 
         "For a setup factor (marked (setup)), (a) also holds the setup's effect on training itself, (c) is against "
         "the FedAvg of that setup, and (d) against FedRS trained under today's setup.\n",
         "## Which factors moved on seed 0\n",
-        f"A factor moved when |(a)| or |(b) − today's (b)| is {rs.MOVE_POINTS} points or more on seed 0; "
+        f"A factor moved when |(a)| or |(b) − today's (b)| is {verdicts.MOVE_POINTS} points or more on seed 0; "
         "it then trains seeds 1 and 2.\n",
-        rs.moves_table(moves),
+        verdicts.moves_table(moves),
         f"Moved: {', '.join(moved) or 'none yet'}." + (f" Pending (a run missing): {', '.join(pending)}." if pending
                                                        else "") + "\n",
         "## The readings that helped: the combination at T=100\n",
         "A reading (not a setup factor) helped when, in the means over its seeds, FedCME with it beat today's "
         "FedCME ((a) > 0) and the exchange was worth no less under it than under today's readings ((b) ≥ today's "
         "(b)). The readings that helped are combined and trained at the headline setting, T=100.\n",
-        rs.help_table(helps),
+        verdicts.help_table(helps),
         f"Helped: {', '.join(h.factor for h in helps if h.status == 'helped') or 'none yet'}."
         + (f" Pending (a run missing): {', '.join(h.factor for h in helps if h.status == 'pending')}."
            if any(h.status == "pending" for h in helps) else "") + "\n",
@@ -147,13 +148,13 @@ def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], 
         f"![curves per factor]({links['figure']})\n",
         "## The answer\n",
         *([answer.strip() + "\n", "By the rule, from the runs published so far:\n"] if answer else []),
-        rs.answer_text(rows, [factor.name for factor in report.factors]),
+        verdicts.answer_text(rows, [factor.name for factor in report.factors]),
     ]
     return "\n".join(parts)
 
 
 def combination_part(params: ParamsFile, grids: Mapping[str, ParamsFile | None],
-                     entries: Mapping[str, Sequence[Mapping[str, Any]]], helps: Sequence[rs.Help],
+                     entries: Mapping[str, Sequence[Mapping[str, Any]]], helps: Sequence[verdicts.Help],
                      rows: Sequence[rs.Comparison]) -> list[str]:
     """The combination's section (none without `report.combination`), with a line where the rule now gives
     other readings than those combined."""
@@ -206,8 +207,8 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
     partition = params.grid.partitions[0] if len(params.grid.partitions) == 1 else None
     entries = load_entries(Path(results), names)
     rows = rs.comparisons(report, entries, partition)
-    moves = rs.seed0_moves(rows, [factor.name for factor in report.factors])
-    helps = rs.readings_that_helped(rows, [factor.name for factor in report.factors if not rs.is_setup(report, factor)])
+    moves = verdicts.seed0_moves(rows, [factor.name for factor in report.factors])
+    helps = verdicts.readings_that_helped(rows, [factor.name for factor in report.factors if not rs.is_setup(report, factor)])
     combined = rc.comparisons(report.combination, entries) if report.combination is not None else []
     today = rs.reference_sides(report, partition)
     panels = [(f"{factor.name}: {factor.label}", {**rs.factor_sides(report, factor, partition),
@@ -225,8 +226,8 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
         markdown: report_markdown(params, grids, partition, entries, rows, moves, helps, combined, {
             "figure": relative(png, markdown), "note": relative(Path(results) / report.name / "NOTE.md", markdown),
         }, answer.read_text(encoding="utf-8") if answer.is_file() else None).encode(),
-        output_csv: rs.factors_csv([*rows, *combined], labels, kinds, moves, helps,
-                                   {**rs.COMPARISONS, **rc.DESCRIPTIONS}).encode(),
+        output_csv: rs.factors_csv([*rows, *combined], labels, kinds, verdicts.statuses(moves),
+                                   verdicts.statuses(helps), {**rs.COMPARISONS, **rc.DESCRIPTIONS}).encode(),
     }
     for path, content in writes.items():
         atomic_write_bytes(path, content)

@@ -21,6 +21,7 @@ from typing import Any
 from fedcme_core.config.factors import ReportCombination
 
 from flows.report import sensitivity as rs
+from flows.report import verdicts
 from flows.report.seed_stats import MIN_SEEDS_FOR_P
 
 FACTOR = "combination"  # the factor name of these rows in the factors' CSV
@@ -66,7 +67,7 @@ def verdict_text(rows: Sequence[rs.Comparison]) -> str:
     if any(by_code[code].difference is None for code in ("t1", "t2", "t4", "t5", "t6")):
         return "The combination's runs are not all trained yet, so its verdict is open.\n"
     n = min(by_code[code].difference.n for code in ("t1", "t2", "t4", "t5", "t6"))
-    screen = "" if n >= MIN_SEEDS_FOR_P else f" ({rs.SCREEN})"
+    screen = "" if n >= MIN_SEEDS_FOR_P else f" ({verdicts.SCREEN})"
     best = [name for name, codes in (("FedCME(0.01) combined", ("t1", "t2")), ("FedCME(0.1) combined", ("t5", "t6")))
             if all(by_code[code].difference.mean > 0 for code in codes)]
     exchange = by_code["t4"].difference

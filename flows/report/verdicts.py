@@ -1,0 +1,155 @@
+"""The sensitivity study's verdicts, read from its paired comparisons (:func:`flows.report.sensitivity.comparisons`).
+
+- A factor "moved" on seed 0 when |a| or |b - today's b| is MOVE_POINTS or more; those train seeds 1 and 2.
+- A reading (not a setup factor) "helped" when, in the means over its seeds, a > 0 and b >= today's b:
+  FedCME gained and the exchange lost nothing. The readings that helped are combined at T=100
+  (:mod:`flows.report.combination`).
+- The paper's two claims (FedCME: Nie et al., arXiv:2307.08574), judged under today's readings and each
+  factor: FedCME best ((c) > 0 and (d) > 0 in the mean) and the exchange the main effect ((b) > 0 on every
+  seed).
+
+Pure functions of the comparison rows; a run not there yet makes a verdict "pending", never an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from flows.report.sensitivity import REFERENCE, Comparison, difference_text, find, points_text, table
+from flows.report.seed_stats import MIN_SEEDS_FOR_P, PairedDifference, p_text
+
+MOVE_POINTS = 1.5  # percentage points on seed 0 that send a factor to seeds 1 and 2
+SCREEN = "n<3: a screen, not a demonstration"  # what a difference over fewer than MIN_SEEDS_FOR_P seeds is
+
+
+@dataclass(frozen=True)
+class Move:
+    """Seed 0 of a factor: (a), (b) - today's (b) (fractions, None: a run missing) and the verdict."""
+
+    factor: str
+    a: float | None
+    b_shift: float | None
+    status: str  # "moved" | "did not move" | "pending"
+
+
+def _seed(difference: PairedDifference | None, seed: int) -> float | None:
+    return None if difference is None else difference.by_seed.get(seed)
+
+
+def _at_least(value: float, points: float) -> bool:
+    # 0.5337 - 0.5187 is 0.015000000000000013 or 0.01499999...: compare in points, rounded
+    return round(abs(100.0 * value), 9) >= points
+
+
+def seed0_moves(rows: Sequence[Comparison], factors: Sequence[str], seed: int = 0,
+                points: float = MOVE_POINTS) -> list[Move]:
+    """Whether each factor moved on `seed`: |a| >= points or |b - today's b| >= points ("moved"); both known
+    and below ("did not move"); else "pending" (a run still missing)."""
+    today_b = _seed(find(rows, REFERENCE, "b").difference, seed)
+    moves = []
+    for factor in factors:
+        a = _seed(find(rows, factor, "a").difference, seed)
+        b = _seed(find(rows, factor, "b").difference, seed)
+        shift = None if b is None or today_b is None else b - today_b
+        known = [value for value in (a, shift) if value is not None]
+        if any(_at_least(value, points) for value in known):
+            status = "moved"
+        else:
+            status = "did not move" if len(known) == 2 else "pending"
+        moves.append(Move(factor, a, shift, status))
+    return moves
+
+
+@dataclass(frozen=True)
+class Help:
+    """A reading over all its seeds: (a) and (b) in the mean, today's (b) in the mean (None: missing), the verdict."""
+
+    factor: str
+    a: float | None
+    b: float | None
+    today_b: float | None
+    status: str  # "helped" | "did not help" | "pending"
+
+
+def readings_that_helped(rows: Sequence[Comparison], readings: Sequence[str]) -> list[Help]:
+    """Whether each reading helped: a > 0 and b >= today's b in the means over their seeds ("helped"); both
+    known and not ("did not help"); else "pending" (a run still missing)."""
+    today = find(rows, REFERENCE, "b").difference
+    helps = []
+    for factor in readings:
+        a, b = find(rows, factor, "a").difference, find(rows, factor, "b").difference
+        means = [None if d is None else d.mean for d in (a, b, today)]
+        if None in means:
+            status = "pending"
+        else:
+            status = "helped" if means[0] > 0 and means[1] >= means[2] else "did not help"
+        helps.append(Help(factor, *means, status))
+    return helps
+
+
+def help_table(helps: Sequence[Help]) -> str:
+    return table(["Reading", "(a), mean (points)", "(b), mean (points)", "today's (b), mean (points)", "Helped?"],
+                 [[h.factor, points_text(h.a), points_text(h.b), points_text(h.today_b), h.status] for h in helps],
+                 numeric=(1, 2, 3))
+
+
+def exchange_helps(rows: Sequence[Comparison], factor: str) -> bool:
+    """The exchange beat no exchange: (b) positive on every seed it has."""
+    b = find(rows, factor, "b").difference
+    return b is not None and b.wins == b.n
+
+
+def fedcme_best(rows: Sequence[Comparison], factor: str) -> bool:
+    """FedCME ahead of FedAvg and of FedRS: (c) and (d) positive in the mean."""
+    c, d = find(rows, factor, "c").difference, find(rows, factor, "d").difference
+    return c is not None and d is not None and c.mean > 0 and d.mean > 0
+
+
+def _caveat(difference: PairedDifference) -> str:
+    if difference.n < MIN_SEEDS_FOR_P:
+        return SCREEN
+    return f"p = {p_text(difference)}" + (", demonstrated" if difference.demonstrated else
+                                          ", not demonstrated at p < 0.05")
+
+
+def answer_text(rows: Sequence[Comparison], factors: Sequence[str]) -> str:
+    """The automatic answer to the paper's two claims, under today's readings and each factor with runs of
+    (b), (c) and (d): FedCME best (ahead of FedAvg and FedRS in the mean) and the exchange helping (ahead of
+    no exchange on every seed); where both held, with their seeds and p; else that none did; what is missing."""
+    candidates = [REFERENCE, *factors]
+    measured = [f for f in candidates if all(find(rows, f, code).difference is not None for code in "bcd")]
+    pending = [f for f in factors if f not in measured]
+    if not measured:
+        return "No factor has its runs yet, so nothing can be said.\n"
+    best = [f for f in measured if fedcme_best(rows, f)]
+    exchange = [f for f in measured if exchange_helps(rows, f)]
+    both = [f for f in best if f in exchange]
+    if both:
+        parts = []
+        for f in both:
+            b, d = find(rows, f, "b").difference, find(rows, f, "d").difference
+            parts.append(f"{f} (b on {b.wins}/{b.n} seeds, {_caveat(b)}; d {difference_text(d)}, {_caveat(d)})")
+        text = (f"Both claims held under {len(both)} of the {len(measured)} readings with runs (today's and the "
+                "factors): " + "; ".join(parts) + ".")
+    else:
+        text = (f"No reading did: under none of the {len(measured)} readings with runs (today's and the factors) was "
+                "FedCME ahead of both FedAvg and FedRS ((c) > 0 and (d) > 0 in the mean) while the exchange beat no "
+                "exchange on every seed ((b) > 0).")
+    text += (f" FedCME ahead of FedAvg and FedRS: {', '.join(best) or 'under none'}. The exchange ahead of no "
+             f"exchange on every seed: {', '.join(exchange) or 'under none'}.\n")
+    if pending:
+        text += f"\nStill without the runs of (b), (c) and (d): {', '.join(pending)}.\n"
+    return text
+
+
+def moves_table(moves: Sequence[Move]) -> str:
+    return table(["Factor", "(a) on seed 0 (points)", "(b) − today's (b) on seed 0 (points)", "Seeds 1 and 2?"],
+                 [[move.factor, points_text(move.a), points_text(move.b_shift),
+                   {"moved": "yes (moved)", "did not move": "no", "pending": "pending"}[move.status]]
+                  for move in moves], numeric=(1, 2))
+
+
+def statuses(verdicts: Iterable[Move | Help]) -> dict[str, str]:
+    """{factor: status} of moves or helps, as the factors' CSV takes them."""
+    return {verdict.factor: verdict.status for verdict in verdicts}
