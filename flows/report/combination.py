@@ -61,7 +61,7 @@ def comparisons(combination: ReportCombination,
 
 def verdict_text(rows: Sequence[rs.Comparison]) -> str:
     """Whether the paper's two claims hold under the combination, from the rows of `comparisons`, judged as
-    for the factors (:func:`flows.report.sensitivity.answer_text`): a combined FedCME ahead of FedAvg and
+    for the factors (:func:`flows.report.verdicts.answer_text`): a combined FedCME ahead of FedAvg and
     FedRS in the mean, and the exchange ahead of no exchange on every seed."""
     by_code = {row.code: row for row in rows}
     if any(by_code[code].difference is None for code in ("t1", "t2", "t4", "t5", "t6")):
@@ -101,8 +101,5 @@ def section(combination: ReportCombination, entries_by_grid: Mapping[str, Sequen
 
 
 def _differences_table(rows: Sequence[rs.Comparison]) -> str:
-    body = [[DESCRIPTIONS[row.code].removeprefix("T=100: "), rs.difference_text(row.difference),
-             rs.MISSING_CELL if row.difference is None else f"{row.difference.wins}/{row.difference.n}",
-             rs.p_text(row.difference)] for row in rows]
-    return rs.table(["Comparison", "Δ final accuracy (points), mean ± std (n)", "Seeds won", "p (paired t)"], body,
-                    numeric=(1, 2, 3))
+    body = [[DESCRIPTIONS[row.code].removeprefix("T=100: "), *rs.difference_cells(row.difference)] for row in rows]
+    return rs.table(["Comparison", *rs.DIFFERENCE_COLUMNS], body, numeric=(1, 2, 3))

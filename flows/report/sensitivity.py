@@ -156,17 +156,21 @@ def side_text(side: Side, own_grid: str) -> str:
     return side.method if side.grid == own_grid else f"{side.method} ({side.grid})"
 
 
+DIFFERENCE_COLUMNS = ("Δ final accuracy (points), mean ± std (n)", "Seeds won", "p (paired t)")
+
+
+def difference_cells(difference: PairedDifference | None) -> list[str]:
+    """The cells of DIFFERENCE_COLUMNS: "+1.23 ± 0.45 (3)", "2/3", "0.057"; en dashes when there is none."""
+    won = MISSING_CELL if difference is None else f"{difference.wins}/{difference.n}"
+    return [difference_text(difference), won, p_text(difference)]
+
+
 def comparison_table(rows: Sequence[Comparison], code: str, setup: Sequence[str] = (), own_grid: str = "") -> str:
-    """One comparison's rows: factor, what minus what, the difference in points, seeds won, p."""
-    body = []
-    for row in (row for row in rows if row.code == code):
-        difference = row.difference
-        won = MISSING_CELL if difference is None else f"{difference.wins}/{difference.n}"
-        name = f"{row.factor} (setup)" if row.factor in setup else row.factor
-        body.append([name, f"{side_text(row.minuend, own_grid)} − {side_text(row.subtrahend, own_grid)}",
-                     difference_text(difference), won, p_text(difference)])
-    return table(["Factor", "Runs", "Δ final accuracy (points), mean ± std (n)", "Seeds won", "p (paired t)"], body,
-                 numeric=(2, 3, 4))
+    """One comparison's rows: factor, what minus what, then DIFFERENCE_COLUMNS."""
+    body = [[f"{row.factor} (setup)" if row.factor in setup else row.factor,
+             f"{side_text(row.minuend, own_grid)} − {side_text(row.subtrahend, own_grid)}",
+             *difference_cells(row.difference)] for row in rows if row.code == code]
+    return table(["Factor", "Runs", *DIFFERENCE_COLUMNS], body, numeric=(2, 3, 4))
 
 
 def factors_csv(rows: Sequence[Comparison], labels: Mapping[str, str], kinds: Mapping[str, str],
