@@ -142,6 +142,30 @@ def test_a_factor_with_a_run_missing_and_a_small_a_is_pending():
     assert move.status == "pending" and move.b_shift is None
 
 
+def test_a_reading_helps_against_todays_b_on_its_own_seeds_not_todays_mean_over_more():
+    entries = hand_made()  # today's b: +1, 0, -1 points on seeds 0-2 (mean 0)
+    entries["main"] = [{**e, "final_accuracy": 0.5069} if e["method_name"] == "f3-nx" else e for e in entries["main"]]
+
+    helps = {h.factor: h for h in verdicts.readings_that_helped(rs.comparisons(REPORT, entries, "a0.1"),
+                                                                ["f1", "f2", "f3"])}
+
+    # f3 on seed 0 alone: a +1.49, b +0.80 against today's +1 on seed 0 (not today's mean of 0 over 3 seeds)
+    assert helps["f3"].status == "did not help"
+    assert (round(100 * helps["f3"].b, 6), round(100 * helps["f3"].today_b, 6)) == (0.8, 1.0)
+    # f1 on seeds 0 and 1: b +1, +1 against today's +1, 0 on those seeds (mean +0.5)
+    assert helps["f1"].status == "helped" and round(100 * helps["f1"].today_b, 6) == 0.5
+    assert helps["f2"].status == "helped"  # a +1.5, b +2.5 against +1
+
+
+def test_a_reading_without_a_common_seed_with_todays_twin_is_pending():
+    entries = hand_made()
+    entries["main"] = [e for e in entries["main"] if not (e["method_name"] == "twin" and e["seed"] == 0)]
+
+    (help_,) = verdicts.readings_that_helped(rs.comparisons(REPORT, entries, "a0.1"), ["f2"])  # f2: seed 0 alone
+
+    assert (help_.status, help_.b, help_.today_b) == ("pending", None, None) and round(100 * help_.a, 6) == 1.5
+
+
 def test_the_answer_names_the_readings_where_fedcme_was_best_and_its_exchange_won_every_seed():
     text = verdicts.answer_text(rows(), FACTORS)
 

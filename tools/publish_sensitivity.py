@@ -136,8 +136,8 @@ def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], 
                                                        else "") + "\n",
         "## The readings that helped: the combination at T=100\n",
         "A reading (not a setup factor) helped when, in the means over its seeds, FedCME with it beat today's "
-        "FedCME ((a) > 0) and the exchange was worth no less under it than under today's readings ((b) ≥ today's "
-        "(b)). The readings that helped are combined and trained at the headline setting, T=100.\n",
+        "FedCME ((a) > 0) and the exchange was worth no less under it than under today's readings on the same seeds "
+        "((b) ≥ today's (b)). The readings that helped are combined and trained at the headline setting, T=100.\n",
         verdicts.help_table(helps),
         f"Helped: {', '.join(h.factor for h in helps if h.status == 'helped') or 'none yet'}."
         + (f" Pending (a run missing): {', '.join(h.factor for h in helps if h.status == 'pending')}."

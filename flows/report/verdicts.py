@@ -1,8 +1,8 @@
 """The sensitivity study's verdicts, read from its paired comparisons (:func:`flows.report.sensitivity.comparisons`).
 
 - A factor "moved" on seed 0 when |a| or |b - today's b| is MOVE_POINTS or more; those train seeds 1 and 2.
-- A reading (not a setup factor) "helped" when, in the means over its seeds, a > 0 and b >= today's b:
-  FedCME gained and the exchange lost nothing. The readings that helped are combined at T=100
+- A reading (not a setup factor) "helped" when, in the means over its seeds, a > 0 and b >= today's b
+  (today's over the same seeds): FedCME gained and the exchange lost nothing. The readings that helped are combined at T=100
   (:mod:`flows.report.combination`).
 - The paper's two claims (FedCME: Nie et al., arXiv:2307.08574), judged under today's readings and each
   factor: FedCME best ((c) > 0 and (d) > 0 in the mean) and the exchange the main effect ((b) > 0 on every
@@ -13,6 +13,7 @@ Pure functions of the comparison rows; a run not there yet makes a verdict "pend
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -63,7 +64,8 @@ def seed0_moves(rows: Sequence[Comparison], factors: Sequence[str], seed: int = 
 
 @dataclass(frozen=True)
 class Help:
-    """A reading over all its seeds: (a) and (b) in the mean, today's (b) in the mean (None: missing), the verdict."""
+    """A reading over its seeds: (a) in the mean; (b) and today's (b) in the means over the seeds both have
+    (None: missing); the verdict."""
 
     factor: str
     a: float | None
@@ -73,23 +75,26 @@ class Help:
 
 
 def readings_that_helped(rows: Sequence[Comparison], readings: Sequence[str]) -> list[Help]:
-    """Whether each reading helped: a > 0 and b >= today's b in the means over their seeds ("helped"); both
-    known and not ("did not help"); else "pending" (a run still missing)."""
+    """Whether each reading helped: a > 0 in the mean over its seeds, and b >= today's b in the means over
+    the seeds both have, so that a reading screened on seed 0 alone is held against today's seed 0
+    ("helped"); both known and not ("did not help"); else "pending" (a run still missing)."""
     today = find(rows, REFERENCE, "b").difference
     helps = []
     for factor in readings:
         a, b = find(rows, factor, "a").difference, find(rows, factor, "b").difference
-        means = [None if d is None else d.mean for d in (a, b, today)]
-        if None in means:
-            status = "pending"
-        else:
-            status = "helped" if means[0] > 0 and means[1] >= means[2] else "did not help"
-        helps.append(Help(factor, *means, status))
+        seeds = [] if b is None or today is None else [seed for seed in b.by_seed if seed in today.by_seed]
+        if a is None or not seeds:
+            helps.append(Help(factor, None if a is None else a.mean, None, None, "pending"))
+            continue
+        b_mean, today_mean = (statistics.fmean(d.by_seed[seed] for seed in seeds) for d in (b, today))
+        status = "helped" if a.mean > 0 and b_mean >= today_mean else "did not help"
+        helps.append(Help(factor, a.mean, b_mean, today_mean, status))
     return helps
 
 
 def help_table(helps: Sequence[Help]) -> str:
-    return table(["Reading", "(a), mean (points)", "(b), mean (points)", "today's (b), mean (points)", "Helped?"],
+    return table(["Reading", "(a), mean (points)", "(b), mean (points)", "today's (b) on the same seeds, mean (points)",
+                  "Helped?"],
                  [[h.factor, points_text(h.a), points_text(h.b), points_text(h.today_b), h.status] for h in helps],
                  numeric=(1, 2, 3))
 
