@@ -13,7 +13,8 @@ rounds, ``final_accuracy``):
 Today's readings get (b), (c) and (d) too (the factor "reference"). What the rows decide (which factors
 moved on seed 0, which readings helped, the answer to the paper's claims) is :mod:`flows.report.verdicts`.
 Everything here is a pure function of loaded metrics entries ({grid: entries},
-:func:`flows.report.inputs.load_metrics`); a run not there yet is missing, never an error. Fractions in, percentage points in the Markdown.
+:func:`flows.report.inputs.load_metrics`); a run not there yet is missing, never an error. Fractions in,
+percentage points in the Markdown.
 """
 
 from __future__ import annotations
