@@ -2,8 +2,8 @@
 
 - A factor "moved" on seed 0 when |a| or |b - today's b| is MOVE_POINTS or more; those train seeds 1 and 2.
 - A reading (not a setup factor) "helped" when, in the means over its seeds, a > 0 and b >= today's b
-  (today's over the same seeds): FedCME gained and the exchange lost nothing. The readings that helped are combined at T=100
-  (:mod:`flows.report.combination`).
+  (today's over the same seeds): FedCME gained and the exchange lost nothing. The readings that helped are
+  combined at T=100 (:mod:`flows.report.combination`).
 - The paper's two claims (FedCME: Nie et al., arXiv:2307.08574), judged under today's readings and each
   factor: FedCME best ((c) > 0 and (d) > 0 in the mean) and the exchange the main effect ((b) > 0 on every
   seed).
