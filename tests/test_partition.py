@@ -1,4 +1,4 @@
-"""Tests for fedcme_core.data.partition: label-dir, iid and log-normal Dirichlet partitions, artifacts."""
+"""Tests for fedcme_core.data.partition and .lognormal: label-dir, iid, log-normal Dirichlet, partition files."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 
 from fedcme_core.data.partition import (
     PartitionError,
+    PartitionSpec,
     class_counts,
     dirichlet_label_partition,
     iid_partition,
-    lognormal_dirichlet_partition,
     partition_labels,
 )
+from fedcme_core.data.lognormal import lognormal_dirichlet_partition
 from fedcme_core.data.partition_file import Partition, labels_sha256, load_partition, save_partition
 
 METHODS = ("dirichlet", "iid", "lognormal_dirichlet")
@@ -59,7 +60,7 @@ def test_single_client_gets_everything() -> None:
     labels = np.array([2, 0, 1, 0, 2, 1, 1, 0])
 
     for method in METHODS:
-        parts = partition_labels(labels, method=method, num_clients=1, alpha=0.5, seed=3, min_size=1)
+        parts = partition_labels(labels, PartitionSpec(method=method, num_clients=1, alpha=0.5, seed=3, min_size=1))
 
         assert len(parts) == 1
         assert parts[0].tolist() == list(range(8))
@@ -88,7 +89,7 @@ def test_lognormal_with_zero_sigma_gives_equal_sizes() -> None:
 def test_disjoint_cover_and_min_size(method: str) -> None:
     labels = random_labels(5000)
 
-    parts = partition_labels(labels, method=method, num_clients=20, alpha=0.5, seed=1, min_size=30)
+    parts = partition_labels(labels, PartitionSpec(method=method, num_clients=20, alpha=0.5, seed=1, min_size=30))
 
     assert len(parts) == 20
     assert_disjoint_cover(parts, len(labels))
@@ -100,9 +101,9 @@ def test_same_seed_same_partition_other_seed_differs(method: str) -> None:
     labels = random_labels(3000)
     arguments = dict(method=method, num_clients=10, alpha=0.5, min_size=10)
 
-    first = partition_labels(labels, seed=7, **arguments)
-    again = partition_labels(labels, seed=7, **arguments)
-    other = partition_labels(labels, seed=8, **arguments)
+    first = partition_labels(labels, PartitionSpec(seed=7, **arguments))
+    again = partition_labels(labels, PartitionSpec(seed=7, **arguments))
+    other = partition_labels(labels, PartitionSpec(seed=8, **arguments))
 
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
     assert not all(np.array_equal(a, b) for a, b in zip(first, other))
@@ -115,8 +116,8 @@ def test_independent_of_input_row_order(method: str) -> None:
     permuted_labels = labels[permutation]
     arguments = dict(method=method, num_clients=15, alpha=0.3, seed=5, min_size=10)
 
-    parts = partition_labels(labels, **arguments)
-    permuted_parts = partition_labels(permuted_labels, **arguments)
+    parts = partition_labels(labels, PartitionSpec(**arguments))
+    permuted_parts = partition_labels(permuted_labels, PartitionSpec(**arguments))
 
     assert np.array_equal(class_counts(labels, parts, 10), class_counts(permuted_labels, permuted_parts, 10))
     for indices, permuted_indices in zip(parts, permuted_parts):
@@ -128,7 +129,7 @@ def test_lower_alpha_gives_fewer_classes_per_client(method: str) -> None:
     labels = random_labels(5000)
 
     def mean_classes_per_client(alpha: float) -> float:
-        parts = partition_labels(labels, method=method, num_clients=20, alpha=alpha, seed=2, min_size=10)
+        parts = partition_labels(labels, PartitionSpec(method=method, num_clients=20, alpha=alpha, seed=2, min_size=10))
         return float((class_counts(labels, parts, 10) > 0).sum(axis=1).mean())
 
     skewed, balanced = mean_classes_per_client(0.1), mean_classes_per_client(10.0)
@@ -141,7 +142,7 @@ def test_quantity_skew() -> None:
     labels = random_labels(6000)
 
     def size_std(method: str, sigma: float = 0.3) -> float:
-        parts = partition_labels(labels, method=method, num_clients=30, alpha=1.0, seed=4, sigma=sigma)
+        parts = partition_labels(labels, PartitionSpec(method=method, num_clients=30, alpha=1.0, seed=4, sigma=sigma))
         return float(np.std([len(p) for p in parts]))
 
     assert size_std("iid") < 0.5
@@ -162,7 +163,7 @@ def test_real_size_partitions() -> None:
     labels = random_labels(60000)
 
     for method in METHODS:
-        parts = partition_labels(labels, method=method, num_clients=100, alpha=0.1, seed=0)
+        parts = partition_labels(labels, PartitionSpec(method=method, num_clients=100, alpha=0.1, seed=0))
 
         assert_disjoint_cover(parts, 60000)
         assert min(len(p) for p in parts) >= 10
@@ -204,7 +205,7 @@ def test_invalid_arguments_are_named(labels: np.ndarray, arguments: dict, named:
     call = dict(method="dirichlet", num_clients=2, alpha=0.5, seed=0, min_size=1) | arguments
 
     with pytest.raises(PartitionError, match=named):
-        partition_labels(labels, **call)
+        partition_labels(labels, PartitionSpec(**call))
 
 
 # --- hypothesis properties ----------------------------------------------------------------
@@ -278,7 +279,7 @@ def labels() -> np.ndarray:
 
 @pytest.fixture
 def partition(labels: np.ndarray) -> Partition:
-    return Partition.create(labels, method="dirichlet", num_clients=8, alpha=0.5, seed=11)
+    return Partition.create(labels, PartitionSpec(method="dirichlet", num_clients=8, alpha=0.5, seed=11))
 
 
 def test_partition_records_params_and_sizes(labels: np.ndarray, partition: Partition) -> None:
@@ -299,8 +300,8 @@ def test_partition_records_params_and_sizes(labels: np.ndarray, partition: Parti
 
 
 def test_content_hash_depends_on_params_and_indices(labels: np.ndarray, partition: Partition) -> None:
-    same = Partition.create(labels, method="dirichlet", num_clients=8, alpha=0.5, seed=11)
-    other_seed = Partition.create(labels, method="dirichlet", num_clients=8, alpha=0.5, seed=12)
+    same = Partition.create(labels, PartitionSpec(method="dirichlet", num_clients=8, alpha=0.5, seed=11))
+    other_seed = Partition.create(labels, PartitionSpec(method="dirichlet", num_clients=8, alpha=0.5, seed=12))
 
     assert same.content_hash == partition.content_hash and same == partition
     assert other_seed.content_hash != partition.content_hash
@@ -328,7 +329,7 @@ def test_two_saves_are_byte_identical(
     later = 2_000_000_000.0
     monkeypatch.setattr("time.time", lambda: later)
 
-    recreated = Partition.create(labels, method="dirichlet", num_clients=8, alpha=0.5, seed=11)
+    recreated = Partition.create(labels, PartitionSpec(method="dirichlet", num_clients=8, alpha=0.5, seed=11))
     save_partition(recreated, tmp_path / "second.npz")
 
     assert (tmp_path / "first.npz").read_bytes() == (tmp_path / "second.npz").read_bytes()
@@ -392,7 +393,7 @@ def test_failed_save_leaves_the_old_file_and_no_temp(
     path = tmp_path / "partition.npz"
     save_partition(partition, path)
     original = path.read_bytes()
-    other = Partition.create(labels, method="iid", num_clients=8, alpha=0.5, seed=0)
+    other = Partition.create(labels, PartitionSpec(method="iid", num_clients=8, alpha=0.5, seed=0))
 
     def failing_replace(source: str, target: str) -> None:
         raise OSError("disk full")

@@ -1,9 +1,9 @@
 """Client partitions of a labelled dataset: label skew and quantity skew.
 
 FedCME (Nie, Xiao, Yang, Wu, arXiv:2307.08574) is evaluated on non-IID splits of
-Fashion-MNIST and CIFAR-10 over K clients. A partition is a pure function of
-(labels, method, K, alpha, seed, min_size, sigma); every random choice comes from one
-numpy Generator, ``numpy_rng(seed, "partition")``. Methods:
+Fashion-MNIST and CIFAR-10 over K clients. A partition is a pure function of the labels and a
+:class:`PartitionSpec` (method, K, alpha, seed, min_size, sigma, k); every random choice comes
+from one numpy Generator, ``numpy_rng(seed, "partition")``. Methods:
 
 * ``dirichlet`` (default; NIID-Bench / MOON "label-dir"): for each class c in order, its
   indices are shuffled, p ~ Dir_K(alpha) is drawn, p_k is set to 0 for every client that
@@ -17,7 +17,7 @@ numpy Generator, ``numpy_rng(seed, "partition")``. Methods:
   split evenly (``np.array_split``) among the clients holding it, in client order. With k = C
   every client holds every label. When K < C the label sets are drawn again until every label
   is held (NIID-Bench's "reselect"); with K >= C the first labels already cover them all.
-* ``lognormal_dirichlet`` (FedLab's "unbalanced dirichlet"): client sizes ~
+* ``lognormal_dirichlet`` (FedLab's "unbalanced dirichlet", :mod:`fedcme_core.data.lognormal`): client sizes ~
   LogNormal(log(N/K), sigma) scaled to sum to N, each client has a Dir(alpha) class prior,
   and samples are dealt one at a time: clients come in a seeded random order (a shuffled
   sequence holding client k size_k times) **(choice)**; each draws a class from its prior
@@ -30,19 +30,24 @@ keeps a partition with the parameters that made it, as a byte-reproducible ``.np
 
 from __future__ import annotations
 
-import math
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
 from fedcme_core.common.seeding import numpy_rng
+from fedcme_core.data.labels import (
+    PartitionError,
+    check_arguments,
+    indices_by_class,
+    is_int,
+    sorted_int64,
+    validated_labels,
+)
+from fedcme_core.data.lognormal import lognormal_dirichlet_partition
 
 PartitionMethod = Literal["dirichlet", "iid", "lognormal_dirichlet", "labels_per_client"]
 PARTITION_METHODS: tuple[str, ...] = ("dirichlet", "iid", "lognormal_dirichlet", "labels_per_client")
-
-
-class PartitionError(ValueError):
-    """A partition cannot be made, or a partition file cannot be trusted; the message says why."""
 
 
 def dirichlet_label_partition(
@@ -55,11 +60,11 @@ def dirichlet_label_partition(
 ) -> list[np.ndarray]:
     """NIID-Bench label-dir partition of `labels` over `num_clients` clients (see module doc)."""
     labels = validated_labels(labels)
-    _validate_arguments(len(labels), num_clients, alpha, min_size)
+    check_arguments(len(labels), num_clients, alpha, min_size)
     if max_attempts < 1:
         raise PartitionError(f"max_attempts={max_attempts} must be >= 1")
     num_samples = len(labels)
-    class_indices = _indices_by_class(labels)
+    class_indices = indices_by_class(labels)
     size_cap = num_samples / num_clients
     rng = numpy_rng(seed, "partition")
     concentration = np.full(num_clients, float(alpha))
@@ -82,7 +87,7 @@ def dirichlet_label_partition(
                 client_chunks[client].append(chunk)
                 client_sizes[client] += len(chunk)
         if not draw_failed and client_sizes.min() >= min_size:
-            return [_sorted_int64(np.concatenate(chunks)) for chunks in client_chunks]
+            return [sorted_int64(np.concatenate(chunks)) for chunks in client_chunks]
     raise PartitionError(
         f"dirichlet partition: min_size={min_size} cannot be met for N={num_samples}, "
         f"K={num_clients}, alpha={alpha} after {max_attempts} attempts"
@@ -91,50 +96,18 @@ def dirichlet_label_partition(
 
 def iid_partition(num_samples: int, num_clients: int, seed: int) -> list[np.ndarray]:
     """A seeded shuffle of range(num_samples) cut into `num_clients` near-equal parts."""
-    if not _is_int(num_samples) or num_samples < 1:
+    if not is_int(num_samples) or num_samples < 1:
         raise PartitionError(f"num_samples={num_samples!r} must be an int >= 1")
-    _validate_arguments(int(num_samples), num_clients, 1.0, 0)
+    check_arguments(int(num_samples), num_clients, 1.0, 0)
     permutation = numpy_rng(seed, "partition").permutation(int(num_samples))
-    return [_sorted_int64(part) for part in np.array_split(permutation, num_clients)]
-
-
-def lognormal_dirichlet_partition(
-    labels: np.ndarray,
-    num_clients: int,
-    alpha: float,
-    sigma: float,
-    seed: int,
-    min_size: int = 10,
-) -> list[np.ndarray]:
-    """FedLab's unbalanced Dirichlet partition: log-normal sizes, Dir(alpha) class priors."""
-    labels = validated_labels(labels)
-    _validate_arguments(len(labels), num_clients, alpha, min_size)
-    if not _is_number(sigma) or not (math.isfinite(sigma) and sigma >= 0):
-        raise PartitionError(f"sigma={sigma!r} must be a finite number >= 0")
-    num_samples = len(labels)
-    num_classes = int(labels.max()) + 1
-    rng = numpy_rng(seed, "partition")
-    client_sizes = _lognormal_sizes(rng, num_samples, num_clients, float(sigma), min_size)
-    class_priors = rng.dirichlet(np.full(num_classes, float(alpha)), size=num_clients)
-    class_indices = _indices_by_class(labels)
-    for indices_of_class in class_indices:
-        rng.shuffle(indices_of_class)
-    client_order = rng.permutation(np.repeat(np.arange(num_clients), client_sizes))
-    drawn_classes = _deal_classes(rng, client_order, class_priors, np.array([len(c) for c in class_indices]))
-    # The j-th draw of class c takes the j-th index of c's shuffled list.
-    by_class = np.argsort(drawn_classes, kind="stable")
-    assigned = np.empty(num_samples, dtype=np.int64)
-    assigned[by_class] = np.concatenate(class_indices)
-    owner_order = np.argsort(client_order, kind="stable")
-    boundaries = np.cumsum(client_sizes)[:-1]
-    return [_sorted_int64(part) for part in np.split(assigned[owner_order], boundaries)]
+    return [sorted_int64(part) for part in np.array_split(permutation, num_clients)]
 
 
 def client_label_sets(num_clients: int, num_classes: int, labels_per_client: int, rng: np.random.Generator,
                       max_attempts: int = 1000) -> list[np.ndarray]:
     """#C=k: client i's labels, i mod C first, then k-1 distinct others uniformly, drawn again
     until every label is held (see module doc)."""
-    if not _is_int(labels_per_client) or not 1 <= labels_per_client <= num_classes:
+    if not is_int(labels_per_client) or not 1 <= labels_per_client <= num_classes:
         raise PartitionError(f"labels_per_client={labels_per_client!r} must be an int in 1..{num_classes} (the classes)")
     if num_clients * labels_per_client < num_classes:
         raise PartitionError(f"{num_clients} clients x {labels_per_client} labels cannot cover the {num_classes} classes")
@@ -154,9 +127,9 @@ def labels_per_client_partition(labels: np.ndarray, num_clients: int, labels_per
                                 min_size: int = 10) -> list[np.ndarray]:
     """NIID-Bench's #C=k partition of `labels` over `num_clients` clients (see module doc)."""
     labels = validated_labels(labels)
-    _validate_arguments(len(labels), num_clients, 1.0, min_size)
+    check_arguments(len(labels), num_clients, 1.0, min_size)
     rng = numpy_rng(seed, "partition")
-    class_indices = _indices_by_class(labels)
+    class_indices = indices_by_class(labels)
     label_sets = client_label_sets(num_clients, len(class_indices), labels_per_client, rng)
     chunks: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for label, indices_of_class in enumerate(class_indices):
@@ -165,39 +138,51 @@ def labels_per_client_partition(labels: np.ndarray, num_clients: int, labels_per
         rng.shuffle(shuffled)
         for client, part in zip(holders, np.array_split(shuffled, len(holders))):
             chunks[client].append(part)
-    parts = [_sorted_int64(np.concatenate(client_chunks)) for client_chunks in chunks]
+    parts = [sorted_int64(np.concatenate(client_chunks)) for client_chunks in chunks]
     smallest = min(len(part) for part in parts)
     if smallest < min_size:
         raise PartitionError(f"labels_per_client: a client holds {smallest} samples, fewer than min_size={min_size}")
     return parts
 
 
-def partition_labels(
-    labels: np.ndarray,
-    *,
-    method: PartitionMethod,
-    num_clients: int,
-    alpha: float,
-    seed: int,
-    min_size: int = 10,
-    sigma: float = 0.3,
-    labels_per_client: int | None = None,
-) -> list[np.ndarray]:
-    """Partition `labels` over `num_clients` clients with `method` (one of PARTITION_METHODS);
-    `labels_per_client` is k of method labels_per_client."""
+@dataclass(frozen=True)
+class PartitionSpec:
+    """How a partition is drawn (see the module doc): `alpha` is read by dirichlet and
+    lognormal_dirichlet, `sigma` by lognormal_dirichlet, `labels_per_client` (k) by labels_per_client."""
+
+    method: PartitionMethod
+    num_clients: int
+    alpha: float
+    seed: int
+    min_size: int = 10
+    sigma: float = 0.3
+    labels_per_client: int | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The parameters as plain JSON values, without the one this method does not read of
+        `alpha` and `labels_per_client` (a partition file keeps them: :mod:`fedcme_core.data.partition_file`)."""
+        record = {"method": str(self.method), "num_clients": int(self.num_clients), "seed": int(self.seed),
+                  "min_size": int(self.min_size), "sigma": float(self.sigma)}
+        if self.method == "labels_per_client":
+            return record | {"labels_per_client": int(self.labels_per_client)}
+        return record | {"alpha": float(self.alpha)}
+
+
+def partition_labels(labels: np.ndarray, spec: PartitionSpec) -> list[np.ndarray]:
+    """Partition `labels` over `spec.num_clients` clients with `spec.method` (one of PARTITION_METHODS)."""
     labels = validated_labels(labels)
-    _validate_arguments(len(labels), num_clients, alpha, min_size)
-    if method == "labels_per_client":
-        if labels_per_client is None:
+    check_arguments(len(labels), spec.num_clients, spec.alpha, spec.min_size)
+    if spec.method == "labels_per_client":
+        if spec.labels_per_client is None:
             raise PartitionError("method labels_per_client needs labels_per_client (k)")
-        return labels_per_client_partition(labels, num_clients, labels_per_client, seed, min_size)
-    if method == "dirichlet":
-        return dirichlet_label_partition(labels, num_clients, alpha, seed, min_size)
-    if method == "iid":
-        return iid_partition(len(labels), num_clients, seed)
-    if method == "lognormal_dirichlet":
-        return lognormal_dirichlet_partition(labels, num_clients, alpha, sigma, seed, min_size)
-    raise PartitionError(f"method={method!r} must be one of {', '.join(PARTITION_METHODS)}")
+        return labels_per_client_partition(labels, spec.num_clients, spec.labels_per_client, spec.seed, spec.min_size)
+    if spec.method == "dirichlet":
+        return dirichlet_label_partition(labels, spec.num_clients, spec.alpha, spec.seed, spec.min_size)
+    if spec.method == "iid":
+        return iid_partition(len(labels), spec.num_clients, spec.seed)
+    if spec.method == "lognormal_dirichlet":
+        return lognormal_dirichlet_partition(labels, spec.num_clients, spec.alpha, spec.sigma, spec.seed, spec.min_size)
+    raise PartitionError(f"method={spec.method!r} must be one of {', '.join(PARTITION_METHODS)}")
 
 
 def class_counts(
@@ -211,106 +196,3 @@ def class_counts(
     for client, indices in enumerate(parts):
         counts[client] = np.bincount(labels[np.asarray(indices, dtype=np.int64)], minlength=num_classes)
     return counts
-
-
-def validated_labels(labels: np.ndarray) -> np.ndarray:
-    """`labels` as int64 [N]; raises PartitionError unless a non-empty 1-d array of non-negative integers."""
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or labels.size == 0:
-        raise PartitionError(f"labels must be a non-empty 1-d array, got shape {labels.shape}")
-    if labels.dtype == np.bool_ or not np.issubdtype(labels.dtype, np.integer):
-        raise PartitionError(f"labels must be integers, got dtype {labels.dtype}")
-    if labels.min() < 0:
-        raise PartitionError(f"labels must be non-negative, got {labels.min()}")
-    return labels.astype(np.int64, copy=False)
-
-
-def _validate_arguments(num_samples: int, num_clients: int, alpha: float, min_size: int) -> None:
-    if not _is_int(num_clients) or num_clients < 1:
-        raise PartitionError(f"num_clients={num_clients!r} must be an int >= 1")
-    if not _is_number(alpha) or not (math.isfinite(alpha) and alpha > 0):
-        raise PartitionError(f"alpha={alpha!r} must be a finite number > 0")
-    if not _is_int(min_size) or min_size < 0:
-        raise PartitionError(f"min_size={min_size!r} must be an int >= 0")
-    if num_clients * min_size > num_samples:
-        raise PartitionError(
-            f"num_clients * min_size = {num_clients} * {min_size} exceeds the {num_samples} samples"
-        )
-    if num_clients > num_samples:
-        raise PartitionError(f"num_clients={num_clients} exceeds the {num_samples} samples")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-def _indices_by_class(labels: np.ndarray) -> list[np.ndarray]:
-    """For each class 0..max(labels), its sample indices in ascending order."""
-    order = np.argsort(labels, kind="stable")
-    boundaries = np.cumsum(np.bincount(labels))[:-1]
-    return [indices.astype(np.int64) for indices in np.split(order, boundaries)]
-
-
-def _lognormal_sizes(
-    rng: np.random.Generator, num_samples: int, num_clients: int, sigma: float, min_size: int
-) -> np.ndarray:
-    """Client sizes: min_size each plus a LogNormal-proportional share of the rest, summing to N.
-
-    The share is rounded by largest remainder (ties to the lower client id) **(choice)**.
-    """
-    raw = rng.lognormal(mean=math.log(num_samples / num_clients), sigma=sigma, size=num_clients)
-    spare = num_samples - num_clients * min_size
-    shares = raw / raw.sum() * spare
-    sizes = np.floor(shares).astype(np.int64)
-    leftover = spare - int(sizes.sum())
-    by_remainder = np.argsort(-(shares - sizes), kind="stable")
-    sizes[by_remainder[:leftover]] += 1
-    return sizes + min_size
-
-
-def _deal_classes(
-    rng: np.random.Generator, client_order: np.ndarray, class_priors: np.ndarray, class_sizes: np.ndarray
-) -> np.ndarray:
-    """The class of every draw in `client_order`, from each client's prior over non-empty classes.
-
-    Vectorised in rounds: draws are made for all remaining positions under the current set
-    of non-empty classes; they are kept up to the first draw from a class that has run out,
-    which then leaves the set. At most one round per class.
-    """
-    total = len(client_order)
-    num_classes = len(class_sizes)
-    drawn = np.empty(total, dtype=np.int64)
-    remaining = class_sizes.astype(np.int64).copy()
-    position = 0
-    while position < total:
-        weights = class_priors * (remaining > 0)
-        empty_rows = weights.sum(axis=1) <= 0
-        # A client whose prior lies wholly on exhausted classes follows the remaining counts.
-        weights[empty_rows] = remaining.astype(np.float64)
-        cumulative = np.cumsum(weights, axis=1)
-        last_positive = num_classes - 1 - np.argmax(weights[:, ::-1] > 0, axis=1)
-        clients = client_order[position:]
-        thresholds = rng.random(len(clients)) * cumulative[clients, -1]
-        classes = (cumulative[clients] <= thresholds[:, None]).sum(axis=1)
-        classes = np.minimum(classes, last_positive[clients])
-        counts = np.bincount(classes, minlength=num_classes)
-        overdrawn = counts > remaining
-        if overdrawn.any():
-            # Position of the first draw beyond a class's remaining samples, over all classes.
-            draws_by_class = np.argsort(classes, kind="stable")
-            first_draw_of_class = np.cumsum(counts) - counts
-            accepted = int(draws_by_class[first_draw_of_class[overdrawn] + remaining[overdrawn]].min())
-        else:
-            accepted = len(classes)
-        drawn[position : position + accepted] = classes[:accepted]
-        remaining -= np.bincount(classes[:accepted], minlength=num_classes)
-        position += accepted
-    return drawn
-
-
-def _sorted_int64(indices: np.ndarray) -> np.ndarray:
-    return np.sort(np.asarray(indices, dtype=np.int64))

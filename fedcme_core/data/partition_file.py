@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedcme_core.common.atomic import atomic_write_bytes
-from fedcme_core.data.partition import PartitionError, PartitionMethod, partition_labels, validated_labels
+from fedcme_core.data.partition import PartitionError, PartitionMethod, PartitionSpec, partition_labels, validated_labels
 
 _NPZ_ARRAYS = ("indices", "offsets", "meta")
 _ZIP_FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
@@ -40,42 +40,11 @@ class Partition:
     content_hash: str
 
     @classmethod
-    def create(
-        cls,
-        labels: np.ndarray,
-        *,
-        method: PartitionMethod,
-        num_clients: int,
-        alpha: float,
-        seed: int,
-        min_size: int = 10,
-        sigma: float = 0.3,
-        labels_per_client: int | None = None,
-    ) -> Partition:
-        """Partition `labels` (same arguments as partition_labels) and record how."""
+    def create(cls, labels: np.ndarray, spec: PartitionSpec) -> Partition:
+        """Partition `labels` as `spec` says and record how."""
         labels = validated_labels(labels)
-        parts = partition_labels(
-            labels,
-            method=method,
-            num_clients=num_clients,
-            alpha=alpha,
-            seed=seed,
-            min_size=min_size,
-            sigma=sigma,
-            labels_per_client=labels_per_client,
-        )
-        params = {
-            "method": str(method),
-            "num_clients": int(num_clients),
-            **({} if method == "labels_per_client" else {"alpha": float(alpha)}),
-            "seed": int(seed),
-            "min_size": int(min_size),
-            "sigma": float(sigma),
-            "num_samples": int(len(labels)),
-            "labels_sha256": labels_sha256(labels),
-            # Only where read, so that the other methods' params (and content hashes) stay as they were.
-            **({"labels_per_client": int(labels_per_client)} if method == "labels_per_client" else {}),
-        }
+        parts = partition_labels(labels, spec)
+        params = {**spec.record(), "num_samples": int(len(labels)), "labels_sha256": labels_sha256(labels)}
         clients = tuple(_read_only(part) for part in parts)
         return cls(clients=clients, params=params, content_hash=_content_hash(params, clients))
 
@@ -200,6 +169,6 @@ class PartitionSettings(Protocol):
 
 def make_partition(labels: np.ndarray, partition: PartitionSettings, num_clients: int, seed: int) -> Partition:
     """SPEC "Data": the clients' sample indices for labels [N]."""
-    return Partition.create(labels, method=partition.method, num_clients=num_clients, alpha=partition.alpha,
-                            seed=seed, min_size=partition.min_size, sigma=partition.sigma,
-                            labels_per_client=partition.labels_per_client)
+    spec = PartitionSpec(method=partition.method, num_clients=num_clients, alpha=partition.alpha, seed=seed,
+                         min_size=partition.min_size, sigma=partition.sigma, labels_per_client=partition.labels_per_client)
+    return Partition.create(labels, spec)
