@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcme_core.rounds import RunError, RunPaths, completed_rounds, final_model, load_experiment_dataset, load_server_state
-from fedcme_core.rounds.store import recorded_config
+from fedcme_core.rounds.run_record import recorded_config
 
 from flows.errors import TrackingError
 from flows.names import mlflow_experiment_for, run_name

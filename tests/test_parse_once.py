@@ -157,7 +157,8 @@ def test_the_dvc_train_stage_parses_its_params_file_once(workdir, monkeypatch):
 
 def test_a_config_recorded_by_this_process_is_compared_as_text_never_parsed_back(tmp_path, synthetic_config,
                                                                                  monkeypatch):
-    from fedcme_core.rounds.store import RunError, run_directory_matches, write_config
+    from fedcme_core.rounds.run_record import run_directory_matches, write_config
+    from fedcme_core.rounds.store import RunError
 
     recorded, other = synthetic_config(), synthetic_config({"training.lr": 0.05})
     write_config(recorded, tmp_path)

@@ -9,7 +9,14 @@ import math
 import numpy as np
 
 from fedcme_core.common.seeding import numpy_rng
-from fedcme_core.data.labels import PartitionError, check_arguments, indices_by_class, is_number, sorted_int64, validated_labels
+from fedcme_core.data.labels import (
+    PartitionError,
+    check_arguments,
+    indices_by_class,
+    is_number,
+    sorted_int64,
+    validated_labels,
+)
 
 
 def lognormal_dirichlet_partition(

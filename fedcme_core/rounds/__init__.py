@@ -1,6 +1,7 @@
 """The round of every algorithm, as steps over files in a run directory (SPEC.md, "FedCME round t").
 
-Rooms: ``store`` (every read, write, commit and garbage collection of the run directory),
+Rooms: ``store`` (the run directory's paths and states: every read, write, commit and garbage
+collection), ``run_record`` (what defines a run: config, layout and precision, partition),
 ``setup`` (dataset, partition, layout and precision, round 0, recovery), ``steps`` (the
 round's steps, thin), ``executors`` (where steps run) and ``loop`` (the one round loop).
 The names below are the package's public face.
@@ -13,6 +14,7 @@ from fedcme_core.data.datasets import experiment_subset
 from fedcme_core.data.partition_file import make_partition
 from fedcme_core.rounds.executors import Executor, SerialExecutor, balanced_groups, largest_first, with_retries
 from fedcme_core.rounds.loop import run_experiment, run_round
+from fedcme_core.rounds.run_record import run_compute_choice, run_directory_matches
 from fedcme_core.rounds.setup import (
     available_cores,
     final_model,
@@ -42,8 +44,6 @@ from fedcme_core.rounds.store import (
     experiment_run_dir,
     last_intact_round,
     load_server_state,
-    run_compute_choice,
-    run_directory_matches,
     shared_server_state,
 )
 

@@ -17,7 +17,7 @@ from fedcme_core.algorithms import build_algorithm, round_phases
 from fedcme_core.config.schema import ExperimentConfig
 from fedcme_core.server.faults import StepFailure, dropped_clients, surviving_donors
 from fedcme_core.results.records import RoundRecord
-from fedcme_core.rounds import store
+from fedcme_core.rounds import run_record, store
 from fedcme_core.rounds.executors import Executor, SerialExecutor, largest_first
 from fedcme_core.rounds.setup import prepare_run
 from fedcme_core.rounds.steps import (
@@ -55,7 +55,7 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
 
     # Largest client first: a phase ends when its slowest worker does, and longest-first
     # submission to the workers' FIFO queue keeps the last tasks short (LPT scheduling).
-    client_sizes = {client: len(indices) for client, indices in enumerate(store.run_partition_file(run_dir).clients)}
+    client_sizes = {client: len(indices) for client, indices in enumerate(run_record.run_partition_file(run_dir).clients)}
 
     def train_phase(phase_index: int, starts: dict[int, str]) -> list[dict[str, Any]]:
         """Train `training` for one phase; clients whose task still fails after retries leave the round."""

@@ -25,7 +25,7 @@ from fedcme_core.data.partition import class_counts
 from fedcme_core.data.partition_file import Partition, load_partition, make_partition, save_partition
 from fedcme_core.common.seeding import derive_seed
 from fedcme_core.client.training import FP32, training_step
-from fedcme_core.rounds import store
+from fedcme_core.rounds import run_record, store
 from fedcme_core.rounds.store import RunError, RunPaths
 
 
@@ -59,7 +59,7 @@ def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
 def run_partition(config: ExperimentConfig, run_dir: str | Path) -> tuple[Partition, np.ndarray]:
     """The run's partition and its class counts [K, C] (read once per process)."""
     dataset = load_experiment_dataset(config.data, config.seed)
-    partition = store.run_partition_file(run_dir)
+    partition = run_record.run_partition_file(run_dir)
     return partition, class_counts(dataset.y_train.numpy(), partition.clients, dataset.num_classes)
 
 
@@ -102,7 +102,7 @@ def resolve_run_compute(config: ExperimentConfig, num_classes: int) -> ComputeCh
 
 def run_compute(run_dir: str | Path) -> Compute:
     """The run's layout and precision, as `prepare_run` recorded them (read once per process)."""
-    return store.run_compute_choice(run_dir).compute
+    return run_record.run_compute_choice(run_dir).compute
 
 
 def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None = None) -> int:
@@ -113,7 +113,7 @@ def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: s
     """
     paths = RunPaths(run_dir)
     if paths.config.exists():
-        store.write_config(config, run_dir)  # refuses another config before anything is touched
+        run_record.write_config(config, run_dir)  # refuses another config before anything is touched
     dataset = load_experiment_dataset(config.data, config.seed)
     labels = dataset.y_train.numpy()
     store.last_intact_round(paths.root)
@@ -131,8 +131,8 @@ def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: s
     else:
         load_partition(paths.partition, labels=labels)
     if not paths.compute.exists():  # a resumed run keeps the layout and precision it chose
-        store.write_compute_choice(run_dir, resolve_run_compute(config, dataset.num_classes))
-    store.write_config(config, run_dir)
+        run_record.write_compute_choice(run_dir, resolve_run_compute(config, dataset.num_classes))
+    run_record.write_config(config, run_dir)
     if store.completed_rounds(paths.root) == 0 and not paths.server_state(0).exists():
         model_state = new_model(config, dataset.num_classes, torch.device("cpu")).state_dict()
         algorithm = build_algorithm(config.algorithm)

@@ -1,0 +1,114 @@
+"""What defines a run directory, recorded once at its start: the config (``config.json``), the
+memory layout and precision (``compute.json``) and the partition (``partition.npz``); the
+paths and the states are :mod:`fedcme_core.rounds.store`'s."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+from fedcme_core.client.compute import ComputeChoice
+from fedcme_core.common.atomic import atomic_write_bytes
+from fedcme_core.config.schema import ExperimentConfig, config_from_dict
+from fedcme_core.data.partition_file import Partition, load_partition
+from fedcme_core.rounds.store import RunError, RunPaths
+
+
+def config_json(config) -> str:
+    """The config that defines a run's results: without `federation.rounds` (a run can be
+    extended) and `runner` (any runner gives the same results)."""
+    values = config.model_dump(mode="json", exclude={"runner": True, "federation": {"rounds"}})
+    return json.dumps(values, indent=2, sort_keys=True) + "\n"
+
+
+# The config.json texts this process wrote: today's form, so compared as text and never parsed back.
+_WRITTEN_HERE: set[str] = set()
+
+
+def recorded_config_json(text: str, path: Path) -> str | None:
+    """A recorded config.json's text as this code writes it: a config recorded before an option was
+    added reads with that option's default (the results it defines are the same); None when it no
+    longer validates. Parses `text`: only for a record another process wrote (:func:`recorded_matches`)."""
+    try:
+        return config_json(config_from_dict(json.loads(text), source=str(path)))
+    except ValueError:  # not JSON, or a config this code refuses (ConfigError)
+        return None
+
+
+def recorded_matches(text: str, wanted: str, path: Path) -> bool:
+    """Whether the config.json `text` at `path` records the config whose :func:`config_json` is `wanted`.
+
+    The serialised forms are compared: a run recorded by this code (every resumed run, and any
+    written by this process) matches as text, and nothing is parsed. Only a text in another form,
+    written by another process (possibly an older code version), is parsed back to be compared."""
+    if text == wanted or text in _WRITTEN_HERE:
+        return text == wanted
+    return recorded_config_json(text, path) == wanted
+
+
+def run_directory_matches(config, run_dir: str | Path) -> bool:
+    """True when `run_dir` is new or holds a run of this config (so it can be resumed or extended)."""
+    path, wanted = RunPaths(run_dir).config, config_json(config)
+    if not path.exists():
+        return True
+    return recorded_matches(path.read_text(encoding="utf-8"), wanted, path)
+
+
+def write_config(config, run_dir: str | Path) -> None:
+    """Record the run's config; reopening with a different config is refused (the same experiment).
+    A config recorded before an option was added is rewritten in today's form."""
+    paths, wanted = RunPaths(run_dir), config_json(config)
+    text = paths.config.read_text(encoding="utf-8") if paths.config.exists() else None
+    if text == wanted:
+        return
+    if text is not None and not recorded_matches(text, wanted, paths.config):
+        raise RunError(f"{paths.root}: holds a run of a different config; use a new experiment name or directory")
+    atomic_write_bytes(paths.config, wanted.encode("utf-8"))
+    _WRITTEN_HERE.add(wanted)
+
+
+def recorded_config(run_dir: str | Path, rounds: int) -> ExperimentConfig:
+    """The config a run directory records, validated, with `rounds` as its `federation.rounds` (which
+    config.json leaves out): for a process that did not train the run (``fedcme sync``) and so has
+    no config object of its own; a process that trains passes its validated config down instead."""
+    path = RunPaths(run_dir).config
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        values["federation"]["rounds"] = rounds
+    except (ValueError, KeyError, TypeError) as error:
+        raise RunError(f"{path}: not a recorded config ({type(error).__name__}: {error})") from None
+    return config_from_dict(values, source=str(path))
+
+
+def write_compute_choice(run_dir: str | Path, choice: ComputeChoice) -> None:
+    payload = json.dumps(choice.to_json(), indent=2, sort_keys=True) + "\n"
+    atomic_write_bytes(RunPaths(run_dir).compute, payload.encode("utf-8"))
+
+
+def run_compute_choice(run_dir: str | Path) -> ComputeChoice:
+    """The run's recorded layout and precision with how they were chosen (read once per process)."""
+    path = RunPaths(run_dir).compute
+    try:
+        return _cached_compute(str(path), path.stat().st_mtime_ns)
+    except FileNotFoundError:
+        raise RunError(f"{path}: missing; the run directory was not prepared (prepare_run)") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_compute(path: str, modified_ns: int) -> ComputeChoice:
+    try:
+        return ComputeChoice.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError) as error:
+        raise RunError(f"{path}: not a valid compute record ({error})") from None
+
+
+def run_partition_file(run_dir: str | Path) -> Partition:
+    """The run's saved partition (read once per process while the file is unchanged)."""
+    path = RunPaths(run_dir).partition
+    return _load_run_partition(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_run_partition(path: str, modified_ns: int) -> Partition:
+    return load_partition(Path(path))
