@@ -1,6 +1,7 @@
 """How a training run is named where a researcher compares runs: the MLflow run's name and tags,
 the Prefect flow run's tags, and the MLflow experiment it goes to (no mlflow or prefect here).
 
+    experiment fmnist-a1.0-k10m10-fedcme-mu001-s0           (a grid's run directory, metrics file, tag)
     run name   FedCME(0.01) s0 · fmnist α=1.0 K10 M10      (method label, seed, setting)
     tags       method, method_label, seed, setting, grid ("none" outside a DVC grid), experiment
 """
@@ -18,6 +19,21 @@ DISPLAY_NAMES = {"fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON", "fedr
                  "scaffold": "SCAFFOLD"}
 # The hyper-parameter a method's label shows: FedCME(0.01) is FedCME with mu 0.01.
 LABEL_PARAMETER = {"fedprox": "mu", "moon": "mu", "fedrs": "alpha", "fedcme": "mu"}
+
+
+def partition_name(dataset: str, partition: str, clients: int, seed: int) -> str:
+    """fmnist-a1.0-k10-s0, cifar10-c2-k10-s0: a partition folder's name."""
+    return f"{dataset}-{partition}-k{clients}-s{seed}"
+
+
+def setting_name(dataset: str, partition: str, clients: int, per_round: int) -> str:
+    """fmnist-a1.0-k10m10: a grid setting as file names spell it."""
+    return f"{dataset}-{partition}-k{clients}m{per_round}"
+
+
+def experiment_name(method: str, dataset: str, partition: str, clients: int, per_round: int, seed: int) -> str:
+    """fmnist-a1.0-k10m10-fedcme-mu001-s0: a grid cell's run directory, metrics file and `experiment` tag."""
+    return f"{setting_name(dataset, partition, clients, per_round)}-{method}-s{seed}"
 
 
 def method_label(config: ExperimentConfig) -> str:

@@ -47,7 +47,7 @@ from fedcme_core.common.locks import FileLock
 from fedcme_core.config.params import ParamsFile
 
 from flows.errors import TrackingError
-from flows.names import mlflow_experiment_for
+from flows.names import experiment_name, mlflow_experiment_for
 from flows.shared_stores import retry_busy, sqlite_file
 from flows.tracking import git_commit
 from flows.tracking_store import experiment_named, first_line, open_client, reachable_client, resolve_tracking_uri
@@ -189,8 +189,6 @@ def parent_metrics(summaries: Mapping[str, Mapping[str, Any]],
 
 def current_runs(params: ParamsFile, runs_dir: Path, uri: str) -> dict[str, str]:
     """{experiment: MLflow run id} of the grid's cells whose run directory records a run in `uri`."""
-    from flows.pipeline.stages import experiment_name
-
     runs = {}
     for cell in params.all_cells():
         experiment = experiment_name(*cell)

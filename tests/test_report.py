@@ -26,7 +26,7 @@ from flows.report.tables import (
 )
 from flows.report.build import cell_columns
 from flows.report.seed_stats import ACCURACY_KEYS, CSV_COLUMNS, PairedDifference, SeedStats, p_text, summary_csv
-from flows.pipeline.stages import experiment_name
+from flows.names import experiment_name
 from fedcme_core.config.params import params_from_dict
 from fedcme_core.config.sections import PUBLISHED_MEASURES, PublishedFigure
 

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from fedcme_core.config.params import load_params
 from flows import tracking_grid
-from flows.pipeline.stages import experiment_name
+from flows.names import experiment_name
 from flows.tracking import RunTracker
 from flows.tracking_grid import PARENT_TAG, close_grid_parent, grid_key, open_grid_parent, parent_metrics
 

@@ -38,7 +38,7 @@ def stage_experiments(params_path: str = "params.yaml") -> dict[str, str]:
     (``train@fedavg-fmnist-a1.0-clients0-0``: dvc.yaml's matrix names a (K, M) pair by its position)."""
     from fedcme_core.config.params import load_params
 
-    from flows.pipeline.stages import experiment_name
+    from flows.names import experiment_name
 
     params = load_params(params_path)
     stages = {}

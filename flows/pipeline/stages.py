@@ -38,6 +38,8 @@ from fedcme_core.data.partition_file import make_partition, save_partition
 from fedcme_core.data.sources import load_raw, resolve_mirror
 from fedcme_core.results.metrics import history_csv, split_summary, summarize, with_content_hash
 
+from flows.names import experiment_name, partition_name
+
 # Only the train stage needs torch and the round loop: prepare and partition write numpy arrays and
 # JSON and start without them (2 s of torch's import each).
 checkpoints = lazy_module("fedcme_core.common.checkpoints")
@@ -50,20 +52,6 @@ PARAMS = "params.yaml"
 
 def prepared_dir(dataset: str) -> Path:
     return Path("data/prepared") / dataset
-
-
-def partition_name(dataset: str, partition: str, clients: int, seed: int) -> str:
-    """fmnist-a1.0-k10-s0, cifar10-c2-k10-s0: a partition folder's name."""
-    return f"{dataset}-{partition}-k{clients}-s{seed}"
-
-
-def setting_name(dataset: str, partition: str, clients: int, per_round: int) -> str:
-    """fmnist-a1.0-k10m10: a grid setting as file names spell it."""
-    return f"{dataset}-{partition}-k{clients}m{per_round}"
-
-
-def experiment_name(method: str, dataset: str, partition: str, clients: int, per_round: int, seed: int) -> str:
-    return f"{setting_name(dataset, partition, clients, per_round)}-{method}-s{seed}"
 
 
 def write_json(path: Path, value: Any) -> None:

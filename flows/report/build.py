@@ -44,7 +44,7 @@ from flows.report.tables import (
     where_fedcme_does_not_win,
 )
 from flows.report.seed_stats import REFERENCE_METHOD, config_columns, summary_csv
-from flows.pipeline.stages import experiment_name
+from flows.names import experiment_name
 
 DEFAULT_FINAL_WINDOW = 5
 
