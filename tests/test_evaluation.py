@@ -13,7 +13,7 @@ from fedcme_core.client.evaluation import INFERENCE_BATCH_SIZE, EvalResult, eval
 from fedcme_core.client.features import local_statistics
 from fedcme_core.client.models import build_model
 
-from .helpers import IdentityModel
+from .helpers import IdentityModel, LinearSplitModel
 
 LN3 = math.log(3.0)
 
@@ -153,10 +153,18 @@ def test_evaluate_does_not_track_gradients() -> None:
     assert all(parameter.grad is None for parameter in model.parameters())
 
 
-def test_evaluate_empty_set_raises() -> None:
-    # Prepare
-    model = IdentityModel(3)
+@pytest.mark.parametrize("rows, labels, batch_size, message", [
+    (0, 0, None, "cannot {purpose} an empty set"),
+    (4, 3, None, "x has 4 samples but y has 3"),
+    (4, 4, 0, "batch_size must be positive, got 0"),
+])
+@pytest.mark.parametrize("pass_name, purpose", [("evaluate", "evaluate on"),
+                                                ("local_statistics", "compute local features of")])
+def test_bad_inputs_of_either_pass_are_named_in_one_line(rows, labels, batch_size, message, pass_name, purpose):
+    model = LinearSplitModel(torch.eye(3), torch.eye(3))
+    run = evaluate if pass_name == "evaluate" else local_statistics
 
-    # Execute / Assert
-    with pytest.raises(ValueError):
-        evaluate(model, torch.zeros(0, 3), torch.zeros(0, dtype=torch.int64), num_classes=3)
+    with pytest.raises(ValueError) as raised:
+        run(model, torch.zeros(rows, 3), torch.zeros(labels, dtype=torch.int64), num_classes=3, batch_size=batch_size)
+
+    assert str(raised.value) == message.format(purpose=purpose)

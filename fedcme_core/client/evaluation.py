@@ -73,9 +73,10 @@ def inference_batch_size(model: nn.Module, batch_size: int | None = None) -> int
     return getattr(model, "inference_batch_size", None) or INFERENCE_BATCH_SIZE
 
 
-def _check_inputs(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
+def check_inputs(x: torch.Tensor, y: torch.Tensor, batch_size: int, purpose: str = "evaluate on") -> None:
+    """Raises ValueError in one line when x [N, ...] and y [N] cannot be `purpose`d in batches of `batch_size`."""
     if len(x) == 0:
-        raise ValueError("cannot evaluate on an empty set")
+        raise ValueError(f"cannot {purpose} an empty set")
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
     if batch_size <= 0:
@@ -114,7 +115,7 @@ def evaluate(
     as MKL's does on AVX-512).
     """
     batch_size = inference_batch_size(model, batch_size)
-    _check_inputs(x, y, batch_size)
+    check_inputs(x, y, batch_size)
     target_device = torch.device(device) if device is not None else model_device(model)
     num_samples = len(x)
     starts = range(0, num_samples, batch_size)

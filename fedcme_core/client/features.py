@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedcme_core.client.evaluation import eval_mode, inference_batch_size, model_device
+from fedcme_core.client.evaluation import check_inputs, eval_mode, inference_batch_size, model_device
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,7 @@ def local_statistics(
     model's inference batch.
     """
     batch_size = inference_batch_size(model, batch_size)
-    if len(x) == 0:
-        raise ValueError("cannot compute local features of an empty set")
-    if len(x) != len(y):
-        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    check_inputs(x, y, batch_size, purpose="compute local features of")
     device = model_device(model)
     in_eval_set = None
     if eval_positions is not None:
