@@ -14,7 +14,7 @@ from fedcme_core.results.metrics import with_content_hash
 from flows.report.inputs import load_metrics
 
 from .conftest import REPO_ROOT
-from .test_report import LOW, metrics_entry, write_metrics_folder
+from .report_helpers import LOW, metrics_entry, write_metrics_folder
 
 sys.path.insert(0, str(REPO_ROOT / "tools"))
 from publish_results import publish  # noqa: E402

@@ -6,7 +6,7 @@ from fedcme_core.config.sections import MethodEntry
 from flows.report.build import write_report
 from flows.report.claims import claims_section, method_roles
 
-from .test_report import LOW, metrics_entry, write_metrics_folder
+from .report_helpers import LOW, metrics_entry, write_metrics_folder
 
 METHODS = {
     "fedavg": MethodEntry.model_validate({"name": "fedavg", "label": "FedAvg"}),
