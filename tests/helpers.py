@@ -90,3 +90,11 @@ def copy_repository(source: Path, destination: Path, params_file: Path) -> None:
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source / name, destination / name)
     shutil.copy2(params_file, destination / "params.yaml")
+
+
+def assert_normalised_split(images: torch.Tensor, labels: torch.Tensor, count: int, shape: tuple) -> None:
+    """A normalised split: float32 images [count, *shape] and int64 labels [count], both contiguous."""
+    assert images.shape == (count, *shape)
+    assert images.dtype == torch.float32 and images.is_contiguous()
+    assert labels.shape == (count,)
+    assert labels.dtype == torch.int64 and labels.is_contiguous()
