@@ -18,7 +18,7 @@ from flows.report import sensitivity as rs
 from flows.report import verdicts
 
 from .conftest import REPO_ROOT
-from .test_sensitivity_report import (
+from .sensitivity_helpers import (
     SEEDS3, SENSITIVITY, T100, accuracy, config_changes, main, publish_copy, real_results, runs, sensitivity_values,
     write_grid,
 )

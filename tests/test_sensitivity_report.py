@@ -1,22 +1,14 @@
-"""The sensitivity study's report: factor metadata, the paired comparisons (a)-(d), the seed-0 moves, the tool."""
+"""The sensitivity study's report: the paired comparisons (a)-(d), the seed-0 moves, the verdicts, the tool end to end."""
 
 from __future__ import annotations
 
 import csv
 import io
-import json
-import shutil
 import struct
-import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
-from fedcme_core.config.files import ConfigError
-from fedcme_core.results.metrics import split_summary, with_content_hash
-from fedcme_core.config.params import load_params, params_from_dict
-from fedcme_core.config.sections import ReportSection, setting_label
+from fedcme_core.config.sections import ReportSection
 from flows.report import combination as rc
 from flows.report import sensitivity as rs
 from flows.report import verdicts
@@ -24,23 +16,16 @@ from flows.report.inputs import load_metrics
 from flows.report.seed_stats import PairedDifference
 
 from .conftest import REPO_ROOT
-
-sys.path.insert(0, str(REPO_ROOT / "tools"))
-from publish_sensitivity import config_changes, main, publish_sensitivity  # noqa: E402
-
-SENSITIVITY = REPO_ROOT / "configs" / "params-sensitivity.yaml"
-T100 = REPO_ROOT / "docs" / "results" / "cifar10-t100"
-SEEDS3 = (0, 1, 2)
-
-
-# ----------------------------------------------------------------------------- hand-made entries
-def entry(method: str, seed: int, accuracy: float, partition: str = "a0.1") -> dict:
-    return {"experiment": f"cifar10-{partition}-k50m20-{method}-s{seed}", "method_name": method, "seed": seed,
-            "final_accuracy": accuracy, "partition": partition}
-
-
-def runs(method: str, accuracies: dict[int, float], partition: str = "a0.1") -> list[dict]:
-    return [entry(method, seed, value, partition) for seed, value in accuracies.items()]
+from .sensitivity_helpers import (
+    SENSITIVITY,
+    accuracy,
+    config_changes,
+    entry,
+    main,
+    publish_sensitivity,
+    real_results,
+    runs,
+)
 
 
 REPORT = ReportSection.model_validate({
@@ -219,119 +204,7 @@ def test_factors_csv_has_a_row_per_factor_and_comparison_in_fractions():
     assert (e4b["n"], e4b["mean"], e4b["p_value"], e4b["subtrahend_method"]) == ("0", "", "", "cme-e4-nx")
 
 
-# ----------------------------------------------------------------------------- factor metadata in grid files
-def sensitivity_values() -> dict:
-    return yaml.safe_load(SENSITIVITY.read_text())
-
-
-def write_grid(folder: Path, values: dict, name: str = "params-sensitivity.yaml") -> Path:
-    path = folder / name
-    path.write_text(yaml.safe_dump(values))
-    return path
-
-
-def test_the_shipped_sensitivity_file_names_every_factor_and_trains_its_runs():
-    params = load_params(SENSITIVITY)
-    c2 = load_params(REPO_ROOT / "configs" / "params-sensitivity-c2.yaml")
-    report = params.report
-
-    assert [factor.name for factor in report.factors] == [
-        "sample-mean", "sample-sum", "sample-sum-mu01", "class-mean-sum", "classifier2", "optimizer-swap",
-        "class-counts", "e4", "noaug", "c2"]
-    assert report.references.model_dump() == {"fedavg": "fedavg", "fedrs": "fedrs-a05", "fedcme": "fedcme-mu001",
-                                              "twin": "fedcme-no-exchange"}
-    trained = {"sensitivity": set(params.grid.methods) | set(params.ablation.methods), "sensitivity-c2":
-               set(c2.grid.methods)}
-    for factor in report.factors:
-        assert set(factor.methods(report.references).values()) <= trained[report.factor_grid(factor)], factor.name
-
-
-def test_the_report_keys_change_no_cell_config():
-    values = sensitivity_values()
-    bare = {**values, "report": {key: values["report"][key] for key in ("name", "target_accuracy", "published")}}
-    with_factors, without = params_from_dict(values), params_from_dict(bare)
-
-    cells = list(with_factors.all_cells())
-    assert cells == list(without.all_cells()) and len(cells) == 55  # 16 methods x 3 seeds, 7 on seed 0
-    assert all(with_factors.cell_config(*cell) == without.cell_config(*cell) for cell in cells)
-
-
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda r: r["factors"][1].update(twin="sample-sum-nxx"),
-     r"report\.factors\.1\.twin: sample-sum-nxx \(sample-sum\) not defined in methods$"),
-    (lambda r: r["references"].update(fedrs="fedrs-a5"),
-     r"report\.references\.fedrs: fedrs-a5 not defined in methods$"),
-    (lambda r: r.pop("references"), r"yaml: report\.factors: needs report\.references"),
-    (lambda r: r["factors"][2].update(name="sample-mean"),
-     r"yaml: report\.factors: names must differ, sample-mean given twice$"),
-    (lambda r: r["factors"][2].update(name="reference"), r"yaml: report\.factors: 'reference' names today's readings"),
-    (lambda r: r["factors"][0].update(setting="b3"), r"report\.factors\.0\.setting: .*b3"),
-    (lambda r: r["factors"][0].update(setting="a0.5"), r"report\.factors\.0\.setting: a0\.5 \(sample-mean\) is not a "
-                                                       r"partition of the sensitivity grid \(its partitions: a0\.1\)$"),
-    (lambda r: r["factors"][0].update(colour="red"), r"report\.factors\.0\.colour"),
-    (lambda r: r["factors"][0].pop("twin"), r"report\.factors\.0\.twin: missing$"),
-])
-def test_bad_factor_metadata_is_one_line_naming_the_key(tmp_path, change, message):
-    values = sensitivity_values()
-    change(values["report"])
-    path = write_grid(tmp_path, values)
-
-    with pytest.raises(ConfigError, match=message) as raised:
-        load_params(path)
-    assert "\n" not in str(raised.value) and str(raised.value).startswith(str(path))
-
-
-def test_a_factor_of_another_grid_is_checked_against_that_grid_file_when_it_exists(tmp_path):
-    values = sensitivity_values()
-    values["report"]["factors"][-1]["twin"] = "fedcme-no-exchange-x"
-    path = write_grid(tmp_path, values)
-
-    assert load_params(path).report.factors[-1].twin == "fedcme-no-exchange-x"  # no sensitivity-c2 file here
-    shutil.copy(REPO_ROOT / "configs" / "params-sensitivity-c2.yaml", tmp_path / "params-sensitivity-c2.yaml")
-    with pytest.raises(ConfigError, match=r"report\.factors\.9\.twin: fedcme-no-exchange-x \(c2\) not defined in "
-                                          r"methods of the sensitivity-c2 grid \(.*params-sensitivity-c2\.yaml\)$"):
-        load_params(path)
-
-
 # ----------------------------------------------------------------------------- the tool, end to end
-def publish_copy(source: str, target: Path, grid: str, method: str, seed: int, partition: str = "a0.1",
-                 clients: tuple[int, int] = (50, 20)) -> None:
-    """Copy a committed T=100 run as `method`'s seed-`seed` run of a sensitivity grid (rehashed, in split form)."""
-    about = json.loads((T100 / "about" / f"{source}.json").read_text())
-    results = json.loads((T100 / f"{source}.json").read_text())
-    name = f"cifar10-{partition}-k{clients[0]}m{clients[1]}-{method}-s{seed}"
-    about.update(experiment=name, method_name=method, method=method, seed=seed, partition=partition,
-                 num_clients=clients[0], clients_per_round=clients[1],
-                 setting=setting_label("cifar10", partition, *clients),
-                 group="main" if grid != "sensitivity" or method in ("fedavg", "fedcme-mu001") else "ablation")
-    about.pop("content_sha256")
-    results_part, about_part = split_summary(with_content_hash({**results, **about}))
-    folder = target / grid
-    (folder / "about").mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps(results_part))
-    (folder / "about" / f"{name}.json").write_text(json.dumps(about_part))
-    shutil.copy(T100 / f"{source}.csv", folder / f"{name}.csv")
-
-
-def accuracy(source: str) -> float:
-    return json.loads((T100 / f"{source}.json").read_text())["final_accuracy"]
-
-
-def real_results(tmp_path: Path) -> Path:
-    results = tmp_path / "docs" / "results"
-    run = "cifar10-a0.1-k50m20-{}-s{}"
-    for seed in SEEDS3:
-        publish_copy(run.format("fedavg", seed), results, "sensitivity", "fedavg", seed)
-        publish_copy(run.format("fedcme-mu001", seed), results, "sensitivity", "fedcme-mu001", seed)
-        publish_copy(run.format("fedrs-a05", seed), results, "sensitivity", "fedrs-a05", seed)
-    publish_copy(run.format("fedcme-no-exchange", 0), results, "sensitivity", "fedcme-no-exchange", 0)
-    publish_copy(run.format("fedcme-mu01", 0), results, "sensitivity", "sample-mean", 0)
-    publish_copy(run.format("fedcme-no-alignment", 0), results, "sensitivity", "sample-mean-nx", 0)
-    publish_copy(run.format("fedprox-mu001", 0), results, "sensitivity-c2", "fedavg", 0, "c2")
-    publish_copy(run.format("moon-mu1", 0), results, "sensitivity-c2", "fedcme-mu001", 0, "c2")
-    return results
-
-
 def test_the_tool_writes_the_report_and_the_factor_csv_from_published_metrics(tmp_path):
     results = real_results(tmp_path)
     assert len(load_metrics(results / "sensitivity")) == 12
