@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -90,6 +92,25 @@ def copy_repository(source: Path, destination: Path, params_file: Path) -> None:
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source / name, destination / name)
     shutil.copy2(params_file, destination / "params.yaml")
+
+
+def run_checked(command: list[str], cwd: Path, environment: dict[str, str], timeout: float = 900) -> str:
+    """The stdout and stderr of `command`; a failure shows the last of both."""
+    result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout + result.stderr
+
+
+def dvc_checkout(source: Path, workdir: Path, params_file: Path, mirror: Path,
+                 environment: dict[str, str]) -> dict[str, str]:
+    """`source` copied to `workdir` with `params_file` as params.yaml, git and DVC initialised there; the
+    environment its commands run with: `environment` plus this interpreter's PATH and the data mirror."""
+    copy_repository(source, workdir, params_file)
+    environment = {**environment, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                   "FEDCME_DATA_MIRROR": str(mirror), "DVC_NO_ANALYTICS": "1"}
+    run_checked(["git", "init", "-q"], workdir, environment)
+    run_checked(["dvc", "init", "-q", "-f"], workdir, environment)
+    return environment
 
 
 def assert_normalised_split(images: torch.Tensor, labels: torch.Tensor, count: int, shape: tuple) -> None:

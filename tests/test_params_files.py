@@ -20,7 +20,7 @@ from fedcme_core.config.params import load_params
 from flows.pipeline.dvc_params import check_dvc_params, lookup, needed_params
 
 from .conftest import REPO_ROOT
-from .helpers import copy_repository
+from .helpers import dvc_checkout, run_checked
 
 GRID_FILES = [REPO_ROOT / "params.yaml", *sorted((REPO_ROOT / "configs").glob("params-*.yaml"))]
 GRID_IDS = [str(path.relative_to(REPO_ROOT)) for path in GRID_FILES]
@@ -69,12 +69,6 @@ def test_shipped_grid_file_has_every_param_dvc_yaml_reads(path):
     assert count > 0
 
 
-def run(command: list[str], cwd: Path, environment: dict) -> str:
-    result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result.stdout + result.stderr
-
-
 def test_grid_files_share_a_first_partition_stage_only_where_dvc_runs_the_same_stages():
     by_file = {path.name: first_partition_stage(yaml.safe_load(path.read_text())) for path in GRID_FILES}
 
@@ -98,15 +92,11 @@ def test_grid_files_share_a_first_partition_stage_only_where_dvc_runs_the_same_s
 @pytest.mark.parametrize("group", FIRST_STAGE_GROUPS, ids=FIRST_STAGE_IDS)
 def test_first_partition_stage_of_grid_file_reproduces(tmp_path, mirror, group):
     path = group[0]
-    copy_repository(REPO_ROOT, tmp_path, path)
-    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-                   "FEDCME_DATA_MIRROR": str(mirror), "DVC_NO_ANALYTICS": "1"}
-    run(["git", "init", "-q"], tmp_path, environment)
-    run(["dvc", "init", "-q", "-f"], tmp_path, environment)
-    stages = run(["dvc", "stage", "list", "--name-only"], tmp_path, environment).split()
+    environment = dvc_checkout(REPO_ROOT, tmp_path, path, mirror, dict(os.environ))
+    stages = run_checked(["dvc", "stage", "list", "--name-only"], tmp_path, environment).split()
     first = next(stage for stage in stages if stage.startswith("partition@"))
 
-    output = run(["dvc", "repro", first], tmp_path, environment)
+    output = run_checked(["dvc", "repro", first], tmp_path, environment)
 
     params = yaml.safe_load(path.read_text())
     dataset, seed = params["grid"]["datasets"][0], params["grid"]["seeds"][0]

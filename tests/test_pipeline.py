@@ -6,32 +6,23 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from .conftest import REPO_ROOT
-from .helpers import copy_repository
-from .processes import sigint_as_in_a_terminal, wait_until_none_left
+from .helpers import dvc_checkout, run_checked
 
-# Real `dvc repro` runs of the smoke grid on Fashion-MNIST, temporary Prefect servers, signals.
+# Real `dvc repro` runs of the smoke grid on Fashion-MNIST under one temporary Prefect server.
 pytestmark = pytest.mark.slow
 
 EXPERIMENTS = ["fmnist-a0.5-k100m2-fedavg-s0", "fmnist-a0.5-k100m2-fedcme-mu001-s0", "fmnist-a0.5-k100m2-scaffold-s0",
                "fmnist-a0.5-k100m2-fedcme-no-exchange-s0"]
 PARTITION = Path("data/partitions/fmnist-a0.5-k100-s0")
 METHODS = [name.split("-k100m2-")[1].removesuffix("-s0") for name in EXPERIMENTS]
-
-
-def run(command: list[str], cwd: Path, environment: dict) -> str:
-    result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
-    return result.stdout + result.stderr
 
 
 def stages_run(output: str) -> list[str]:
@@ -42,22 +33,13 @@ def stages_run(output: str) -> list[str]:
 def pipeline(tmp_path_factory, mirror, prefect_server):
     """A copy of the repository (git init, dvc init) whose params.yaml is the smoke grid, reproduced once."""
     workdir = tmp_path_factory.mktemp("repo")
-    copy_repository(REPO_ROOT, workdir, REPO_ROOT / "configs" / "params-smoke.yaml")
-    environment = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "FEDCME_DATA_MIRROR": str(mirror),
-        "PREFECT_API_URL": prefect_server,
-        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
-        "DVC_NO_ANALYTICS": "1",
-    }
-    run(["git", "init", "-q"], workdir, environment)
-    run(["dvc", "init", "-q", "-f"], workdir, environment)
+    environment = dvc_checkout(REPO_ROOT, workdir, REPO_ROOT / "configs" / "params-smoke.yaml", mirror, {
+        **os.environ, "PREFECT_API_URL": prefect_server, "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}"})
     shutil.copy2(REPO_ROOT / ".dvc" / "config", workdir / ".dvc" / "config")
     shutil.copytree(REPO_ROOT / ".dvc" / "plots", workdir / ".dvc" / "plots")  # `dvc init -f` left none
-    run(["git", "add", "-A"], workdir, environment)
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], workdir, environment)
-    first = run(["dvc", "repro"], workdir, environment)
+    run_checked(["git", "add", "-A"], workdir, environment)
+    run_checked(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], workdir, environment)
+    first = run_checked(["dvc", "repro"], workdir, environment)
     return workdir, environment, first
 
 
@@ -108,7 +90,7 @@ def test_repro_creates_every_declared_output(pipeline):
 def test_second_repro_does_nothing(pipeline):
     workdir, environment, _ = pipeline
 
-    output = run(["dvc", "repro"], workdir, environment)
+    output = run_checked(["dvc", "repro"], workdir, environment)
 
     assert stages_run(output) == []
 
@@ -142,7 +124,7 @@ def test_the_grid_run_is_one_mlflow_parent_with_its_experiments_nested_and_the_r
 
     (parent,) = parents  # the second `dvc repro` ran nothing, and made no other
     assert parent.info.status == "FINISHED"
-    commit = run(["git", "rev-parse", "HEAD"], workdir, environment).strip()
+    commit = run_checked(["git", "rev-parse", "HEAD"], workdir, environment).strip()
     assert {key: parent.data.tags.get(key) for key in ("grid", "commit", "params_file")} == {
         "grid": "smoke", "commit": commit, "params_file": "params.yaml"}
     assert f"MLflow: the grid's parent run '{parent.info.run_name}' holds 4 experiment runs: " in output
@@ -189,9 +171,9 @@ def test_check_run_passes_a_finished_grid_and_names_what_is_missing(pipeline):
 def test_metrics_params_and_plots_work_offline(pipeline):
     workdir, environment, _ = pipeline
 
-    metrics = run(["dvc", "metrics", "show"], workdir, environment)
-    params = run(["dvc", "params", "diff", "--all"], workdir, environment)
-    run(["dvc", "plots", "show", "-o", "plots-html"], workdir, environment)
+    metrics = run_checked(["dvc", "metrics", "show"], workdir, environment)
+    params = run_checked(["dvc", "params", "diff", "--all"], workdir, environment)
+    run_checked(["dvc", "plots", "show", "-o", "plots-html"], workdir, environment)
 
     assert "final_accuracy" in metrics and "reports/summary/fedcme-mu001.json" in metrics
     assert "methods.fedcme-mu001" in params
@@ -208,7 +190,7 @@ def flat_values(values, prefix=""):
 def test_metrics_are_numbers_and_the_summary_has_every_method(pipeline):
     workdir, environment, _ = pipeline
 
-    shown = json.loads(run(["dvc", "metrics", "show", "--json"], workdir, environment))
+    shown = json.loads(run_checked(["dvc", "metrics", "show", "--json"], workdir, environment))
     files = {name: entry["data"] for revision in shown.values() for name, entry in revision["data"].items()}
 
     summaries = {f"reports/summary/{method}.json" for method in METHODS}
@@ -229,7 +211,7 @@ def test_metrics_are_numbers_and_the_summary_has_every_method(pipeline):
 def test_dvc_metrics_show_fits_150_columns(pipeline):
     workdir, environment, _ = pipeline
 
-    shown = run(["dvc", "metrics", "show"], workdir, {**environment, "COLUMNS": "150"})
+    shown = run_checked(["dvc", "metrics", "show"], workdir, {**environment, "COLUMNS": "150"})
 
     lines = shown.splitlines()
     assert len(lines) == 1 + len(EXPERIMENTS) + len(METHODS), shown
@@ -239,7 +221,7 @@ def test_dvc_metrics_show_fits_150_columns(pipeline):
 def test_the_plot_overlays_the_methods_of_a_setting_with_integer_rounds_in_percent(pipeline):
     workdir, environment, _ = pipeline
 
-    shown = json.loads(run(["dvc", "plots", "show", "--json"], workdir, environment))["data"]
+    shown = json.loads(run_checked(["dvc", "plots", "show", "--json"], workdir, environment))["data"]
 
     (overlay,) = shown["reports/curves/fmnist-a0.5-k100m2.csv"]
     spec = overlay["content"]
@@ -272,7 +254,7 @@ def test_make_compare_fits_a_terminal(pipeline):
     kept = params.read_text()
     params.write_text(kept.replace("    batch_size: 64\n", "    batch_size: 32\n", 1))  # the next experiment, not run
     try:
-        shown = run(["make", "-s", "--no-print-directory", "compare", f"VENV={Path(sys.executable).parent.parent}"],
+        shown = run_checked(["make", "-s", "--no-print-directory", "compare", f"VENV={Path(sys.executable).parent.parent}"],
                     workdir, {**environment, "COLUMNS": str(width)})
     finally:
         params.write_text(kept)
@@ -293,7 +275,7 @@ def test_changing_one_method_reruns_only_its_train_stage_and_the_report(pipeline
     params.write_text(params.read_text().replace("{name: fedcme, mu: 0.01, label: FedCME(0.01)}",
                                                  "{name: fedcme, mu: 0.05, label: FedCME(0.01)}"))
 
-    output = run(["dvc", "repro"], workdir, environment)
+    output = run_checked(["dvc", "repro"], workdir, environment)
 
     assert stages_run(output) == ["train@fedcme-mu001-fmnist-a0.5-clients0-0", "report"]
 
@@ -305,7 +287,7 @@ def test_a_published_figure_reruns_only_the_report_which_sets_it_beside_ours(pip
         "  published: [{method: scaffold, dataset: fmnist, partition: a0.5, clients: [100, 2], accuracy: 99.5, "
         "source: a paper}]")))
 
-    output = run(["dvc", "repro"], workdir, environment)
+    output = run_checked(["dvc", "repro"], workdir, environment)
 
     assert stages_run(output) == ["report"]
     report = (workdir / "reports" / "results.md").read_text(encoding="utf-8")
@@ -317,7 +299,7 @@ def test_partition_output_is_byte_identical_across_runs(pipeline):
     workdir, environment, _ = pipeline
     before = {name: (workdir / PARTITION / name).read_bytes() for name in ("partition.npz", "class_counts.json")}
 
-    run(["dvc", "repro", "--force", "--single-item", "partition@fmnist-a0.5-clients0-0"], workdir, environment)
+    run_checked(["dvc", "repro", "--force", "--single-item", "partition@fmnist-a0.5-clients0-0"], workdir, environment)
 
     after = {name: (workdir / PARTITION / name).read_bytes() for name in before}
     assert after == before
@@ -336,80 +318,10 @@ def test_dvc_exp_run_of_the_same_grid_reuses_its_parent_and_a_changed_grid_has_i
     assert replaced[0] == EXPERIMENTS[1] and replaced[1] != runs[EXPERIMENTS[1]]  # the run with the old mu
 
     # The same commit and params through `dvc exp run`: a train stage and the report find the same parent.
-    output = run(["dvc", "exp", "run", "--force", "--single-item", "train@fedavg-fmnist-a0.5-clients0-0", "report"],
+    output = run_checked(["dvc", "exp", "run", "--force", "--single-item", "train@fedavg-fmnist-a0.5-clients0-0", "report"],
                  workdir, environment)
 
     assert stages_run(output) == ["train@fedavg-fmnist-a0.5-clients0-0", "report"]
     client, experiment_id, after = grid_runs(workdir)
     assert [parent.info.run_id for parent in after] == [first.info.run_id, second.info.run_id]
     assert client.get_run(second.info.run_id).info.status == "FINISHED"
-    assert children_of(client, experiment_id, second.info.run_id) == recorded_runs(workdir) == runs  # resumed, not new
-
-
-def repro_checkout(tmp_path: Path, mirror: Path) -> tuple[Path, dict]:
-    """A copy of the repository with the smoke grid, and an environment with no Prefect API configured."""
-    workdir = tmp_path / "repo"
-    workdir.mkdir()
-    copy_repository(REPO_ROOT, workdir, REPO_ROOT / "configs" / "params-smoke.yaml")
-    environment = {
-        key: value for key, value in os.environ.items() if not key.startswith("PREFECT_API")
-    } | {
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "FEDCME_DATA_MIRROR": str(mirror),
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
-        "DVC_NO_ANALYTICS": "1",
-    }
-    run(["git", "init", "-q"], workdir, environment)
-    run(["dvc", "init", "-q", "-f"], workdir, environment)
-    return workdir, environment
-
-
-def test_make_runs_repro_starts_one_prefect_server_for_every_stage(tmp_path, mirror):
-    # `make run` runs `python -m flows.pipeline.repro`: with no Prefect API configured, one temporary server
-    # serves every stage (none starts its own), and nothing outlives the command.
-    workdir, environment = repro_checkout(tmp_path, mirror)
-    stage = "train@fedavg-fmnist-a0.5-clients0-0"
-
-    output = run([sys.executable, "-m", "flows.pipeline.repro", stage], workdir, environment)
-
-    assert stages_run(output) == ["prepare@fmnist", "partition@fmnist-a0.5-clients0-0", stage]
-    assert output.count("uses a temporary Prefect server") == 1
-    assert "so the whole grid (every stage) uses a temporary Prefect server" in output
-    assert (workdir / "metrics" / f"{EXPERIMENTS[0]}.json").is_file()
-    # The grid's progress: one line per finished experiment, k of N with its final accuracy.
-    assert "[grid] 1 experiment to train" in output
-    assert re.search(rf"\[grid\] 1 of 1 done: {EXPERIMENTS[0]}: final accuracy \d+\.\d\d%, elapsed \S+, grid done",
-                     output), output
-    # The grid run's parent MLflow run, its experiment nested under it; no report yet, so still running.
-    client, experiment_id, parents = grid_runs(workdir)
-    (parent,) = parents
-    assert parent.info.status == "RUNNING" and parent.data.tags["commit"] == "unknown"  # a repository with no commit
-    assert list(children_of(client, experiment_id, parent.info.run_id)) == [EXPERIMENTS[0]]
-    assert wait_until_none_left(f"PREFECT_HOME={tmp_path / 'prefect-home'}", timeout=30) == []
-
-
-@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_signal_stops_repro_its_stage_and_its_server_within_seconds(tmp_path, mirror, signal_number):
-    # Ctrl-C signals the terminal's foreground group (make, flows.pipeline.repro); flows.pipeline.repro passes a SIGTERM
-    # to dvc's group (dvc, the train stage), and the server, in a session of its own, stays up until
-    # the stage has recorded its end, then stops.
-    workdir, environment = repro_checkout(tmp_path, mirror)
-    process = subprocess.Popen([sys.executable, "-m", "flows.pipeline.repro"], cwd=workdir, env=environment, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                               preexec_fn=sigint_as_in_a_terminal)
-    lines: list[str] = []
-    for line in process.stdout:
-        lines.append(line)
-        if line.startswith("round    1/"):
-            break
-    assert lines and lines[-1].startswith("round    1/"), "".join(lines)
-    signalled = time.monotonic()
-
-    os.killpg(process.pid, signal_number)
-    rest = process.communicate(timeout=120)[0]
-
-    assert time.monotonic() - signalled < 30, rest
-    assert process.returncode != 0
-    assert wait_until_none_left(f"PREFECT_HOME={tmp_path / 'prefect-home'}", timeout=30) == []
-    assert "Connection refused" not in rest  # the stage reported to a server that was still up
