@@ -30,6 +30,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
+from flows.processes import stop_left_behind
+
 ROUNDS = 2
 EXPERIMENTS = {"e0": 0, "e1": 1, "e2": 2, "e3": 3, "same": 9}  # experiment -> seed
 LAUNCHES = ["e0", "e1", "e2", "e3", "same", "same"]
@@ -44,19 +46,6 @@ CONFIG = {
 }
 KILL_WINDOW = (2.0, 45.0)  # seconds after the launch: imports, server start, set-up, rounds, model logging
 REFUSAL = "is in use by PID"
-
-
-def processes_with(entry: str) -> list[int]:
-    """Live (not zombie) processes whose environment holds `entry`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
-                if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
 
 
 def launch(folder: Path, experiment: str, environment: dict[str, str], tag: str) -> subprocess.Popen:
@@ -147,12 +136,7 @@ def one_repeat(index: int, scratch: Path, rng: random.Random, references: dict[s
             status = process.wait()
         if tag != killed and (reason := judged(folder, tag, experiment, status)) is not None:
             failures.append(f"repeat {index}: {reason}")
-    deadline = time.monotonic() + 30
-    while processes_with(token) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    leaked = processes_with(token)
-    for pid in leaked:
-        os.kill(pid, signal.SIGKILL)
+    leaked = stop_left_behind(token, timeout=30)
     steps, empty_runs = mlflow_steps(f"sqlite:///{folder / 'mlflow.db'}")
     expected = list(range(1, ROUNDS + 1))
     lost = sum(len(set(expected) - set(steps.get(name, []))) for name in EXPERIMENTS)

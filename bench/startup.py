@@ -11,7 +11,8 @@ reuses both. Times from the launch:
                   the first round's `select` comes next): "the first round starting";
 * round_finished: the line `round    1/...` (full mode only; quick mode stops at round_start).
 
-The launch is then stopped (its process group: the command and its temporary Prefect server).
+The launch is then stopped (its process group: the command and its temporary Prefect server); a
+process of its PREFECT_HOME still running 30 s later is an error.
 Pairs (cold, warm) are repeated `--repeats` times with fresh homes; medians. A third launch per
 repeat, "server_running", finds a Prefect server already up (one started by this script before
 the repeats, as `prefect server start` would be on a researcher's machine; PREFECT_API_URL points
@@ -41,6 +42,8 @@ from pathlib import Path
 
 import common
 import yaml
+
+from flows.processes import stop_left_behind
 
 ROUND_LINE = re.compile(r"^round\s+1/")
 
@@ -94,6 +97,9 @@ def launch(config_file: Path, scratch: Path, prefect_home: Path, experiment: str
     finally:
         stop(process)
         reader.join(timeout=5)
+    left = stop_left_behind(f"PREFECT_HOME={prefect_home}", timeout=30)
+    if left:
+        raise RuntimeError(f"fedcme train ({experiment}) left processes {left} running after it stopped (killed now)")
     wanted = ("first_output", "round_start") + (("round_finished",) if until == "finish" else ())
     missing = [name for name in wanted if name not in events]
     if missing:

@@ -1,5 +1,5 @@
-"""The process table, read from /proc: which processes a command started, found by an
-environment entry every child inherits (PREFECT_HOME=..., or a token of the test's own)."""
+"""What the tests ask of the process table (:mod:`flows.processes`): which processes a command started,
+found by an environment entry every child inherits (PREFECT_HOME=..., or a token of the test's own)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from flows.pipeline.repro import live_processes
-
-
-def processes_with_environment(entry: str) -> list[int]:
-    """Pids of the live (not zombie) processes whose environment holds `entry`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if entry.encode() in (proc / "environ").read_bytes().split(b"\0") and not is_gone(int(proc.name)):
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
+from flows.processes import live_processes, processes_with_environment
 
 
 def is_gone(pid: int) -> bool:

@@ -26,9 +26,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from flows.pipeline.progress import GridDisplay, GridProgress, pump
+from flows.processes import live_processes
 
 STAGE_STOP_SECONDS = 60
 
@@ -69,19 +69,6 @@ def pending_experiments(arguments: Sequence[str]) -> list[str]:
 def interrupt(signal_number, frame) -> None:
     """SIGTERM: stop the grid as a Ctrl-C does."""
     raise KeyboardInterrupt
-
-
-def live_processes() -> list[tuple[int, int, int]]:
-    """(pid, parent pid, process group) of every live (not zombie) process. Linux /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, pgrp, ...
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            found.append((int(stat.parent.name), int(fields[1]), int(fields[2])))
-    return found
 
 
 def group_members(group: int) -> list[int]:

@@ -1,0 +1,50 @@
+"""The process table, read from Linux /proc: the live processes, and those a command started, found
+by an environment entry every child inherits (``PREFECT_HOME=...``, or a token of the caller's own).
+Used by ``flows.pipeline.repro`` to wait for a stage's process group, and by the tests and benches
+that check no process is left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def live_processes() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every live (not zombie) process."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, pgrp, ...
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            found.append((int(stat.parent.name), int(fields[1]), int(fields[2])))
+    return found
+
+
+def processes_with_environment(entry: str) -> list[int]:
+    """Pids of the live processes whose environment holds `entry` (``NAME=value``)."""
+    found = []
+    for pid, _, _ in live_processes():
+        try:
+            if entry.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def stop_left_behind(entry: str, timeout: float) -> list[int]:
+    """Wait up to `timeout` seconds for the processes holding `entry` to end; SIGKILL those still
+    running then, and return their pids (empty when none was left behind)."""
+    deadline = time.monotonic() + timeout
+    while processes_with_environment(entry) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = processes_with_environment(entry)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left

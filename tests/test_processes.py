@@ -1,0 +1,42 @@
+"""The process table (flows.processes): finding a command's processes by an inherited environment
+entry, and stopping those it left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from flows.processes import live_processes, processes_with_environment, stop_left_behind
+
+
+def started(token: str, seconds: float) -> subprocess.Popen:
+    """A Python child that sleeps `seconds`, with `token` in its environment."""
+    name, value = token.split("=", 1)
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], env={**os.environ, name: value})
+
+
+def test_a_child_is_found_by_its_environment_entry_and_by_its_parent():
+    token = f"FEDCME_TEST_PROCESSES={os.getpid()}-found"
+    child = started(token, 30)
+    try:
+        assert processes_with_environment(token) == [child.pid]
+        assert (child.pid, os.getpid()) in [(pid, parent) for pid, parent, _ in live_processes()]
+        assert processes_with_environment(token + "-other") == []
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_what_ends_in_time_is_not_left_behind_and_what_does_not_is_killed():
+    ending, staying = f"FEDCME_TEST_PROCESSES={os.getpid()}-ending", f"FEDCME_TEST_PROCESSES={os.getpid()}-staying"
+    quick, slow = started(ending, 0.3), started(staying, 60)
+    try:
+        assert stop_left_behind(ending, timeout=20) == []
+        assert stop_left_behind(staying, timeout=0.5) == [slow.pid]
+        assert slow.wait(timeout=10) == -9  # SIGKILL
+        assert processes_with_environment(staying) == []
+    finally:
+        for child in (quick, slow):
+            child.kill()
+            child.wait()
