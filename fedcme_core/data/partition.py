@@ -17,8 +17,8 @@ from one numpy Generator, ``numpy_rng(seed, "partition")``. Methods:
   split evenly (``np.array_split``) among the clients holding it, in client order. With k = C
   every client holds every label. When K < C the label sets are drawn again until every label
   is held (NIID-Bench's "reselect"); with K >= C the first labels already cover them all.
-* ``lognormal_dirichlet`` (FedLab's "unbalanced dirichlet", :mod:`fedcme_core.data.lognormal`): client sizes ~
-  LogNormal(log(N/K), sigma) scaled to sum to N, each client has a Dir(alpha) class prior,
+* ``lognormal_dirichlet`` (FedLab's "unbalanced dirichlet", :mod:`fedcme_core.data.lognormal`):
+  client sizes ~ LogNormal(log(N/K), sigma) scaled to sum to N, each client has a Dir(alpha) class prior,
   and samples are dealt one at a time: clients come in a seeded random order (a shuffled
   sequence holding client k size_k times) **(choice)**; each draws a class from its prior
   renormalised over the classes that still have samples left and takes that class's next
