@@ -3,12 +3,11 @@ found by an environment entry every child inherits (PREFECT_HOME=..., or a token
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
 
-from flows.processes import live_processes, processes_with_environment
+from flows.processes import live_processes, processes_with_environment, stop_left_behind
 
 
 def is_gone(pid: int) -> bool:
@@ -41,11 +40,7 @@ def wait_until_none_left(entry: str, timeout: float) -> list[str]:
 
 def kill_all(entry: str) -> None:
     """SIGKILL whatever a test's command left behind, so a failing test leaves nothing either."""
-    for pid in processes_with_environment(entry):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    stop_left_behind(entry, timeout=0)
 
 
 def sigint_as_in_a_terminal() -> None:
