@@ -66,6 +66,28 @@ def test_calibration_keeps_the_fastest_and_the_machine_cache_repeats_it(cache_di
     assert len(json.loads((cache_dir / "compute.json").read_text())) == 1
 
 
+def test_a_calibration_that_finishes_second_adopts_the_first_cached_choice(cache_dir):
+    """Two fresh runs of one config that calibrate at once (say, on two test or grid processes)
+    must still choose alike: the other process caches nchw while this one finds channels_last."""
+    key = "model|shape"
+    other = ComputeChoice(Compute(channels_last=False), "calibration", {"nchw+fp32": 1.0}, 0.1, "cpu")
+    faster_channels_last = sleeping_step({"nchw+fp32": 0.004, "channels_last+fp32": 0.001}, [])
+
+    def step(option: Compute) -> int:
+        if not (cache_dir / "compute.json").exists():  # the other process finishes first
+            entry = compute_module.cache_key(CPU, key, candidates("auto", "fp32", CPU))
+            compute_module._keep_first(compute_module.cache_path(), entry, other)
+        return faster_channels_last(option)
+
+    adopted = resolve("auto", "fp32", CPU, key, step)
+    again = resolve("auto", "fp32", CPU, key, faster_channels_last)
+
+    assert adopted.compute == again.compute == Compute(channels_last=False)
+    assert adopted.chosen_by == again.chosen_by == "machine cache"
+    cached = json.loads((cache_dir / "compute.json").read_text())
+    assert [entry["name"] for entry in cached.values()] == ["nchw+fp32"]
+
+
 def test_a_fixed_setting_is_not_calibrated_and_a_damaged_cache_is_calibrated_again(cache_dir):
     calls: list[str] = []
     step = sleeping_step({"nchw+fp32": 0.001, "channels_last+fp32": 0.003}, calls)

@@ -12,7 +12,8 @@ directory is made, and written there (``compute.json``): every step on every run
 and a resumed run keeps it. A calibration's choice is also kept per machine (CPU model, torch
 version, device, model, batch shape; timed on one thread whatever the runner) in
 ``$FEDCME_CACHE_DIR/compute.json`` (default ``~/.cache/fedcme``), so that fresh runs of one
-config on one machine choose alike and stay bit-identical.
+config on one machine choose alike and stay bit-identical; where two calibrate at once, the one
+that caches its choice first wins and the other adopts it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, Literal
 import torch
 
 from fedcme_core.common.atomic import atomic_write_bytes
+from fedcme_core.common.locks import FileLock
 
 Precision = Literal["fp32", "bf16"]
 CALIBRATION_STEPS = 3  # timed training steps per candidate and repeat (after one warm-up step)
@@ -118,6 +120,11 @@ def machine_name(device: torch.device) -> str:
     return model or platform.processor() or platform.machine()
 
 
+def cache_key(device: torch.device, key: str, options: list[Compute]) -> str:
+    """The machine cache's key: the machine, torch, the device, the workload and the candidates."""
+    return f"{machine_name(device)}|torch {torch.__version__}|{device.type}|{key}|{','.join(o.name for o in options)}"
+
+
 def cache_path() -> Path:
     return Path(os.environ.get("FEDCME_CACHE_DIR") or Path.home() / ".cache" / "fedcme") / "compute.json"
 
@@ -130,14 +137,35 @@ def _read_cache(path: Path) -> dict[str, Any]:
     return values if isinstance(values, dict) else {}
 
 
-def _write_cache(path: Path, key: str, choice: ComputeChoice) -> None:
+def _cached_choice(values: dict[str, Any], key: str) -> ComputeChoice | None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        values = _read_cache(path)
-        values[key] = choice.to_json()
-        atomic_write_bytes(path, (json.dumps(values, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        choice = ComputeChoice.from_json(values[key])
+    except (KeyError, TypeError, ValueError):
+        return None  # not cached, or a damaged entry: calibrate again
+    choice.chosen_by = "machine cache"
+    return choice
+
+
+def _keep_first(path: Path, key: str, choice: ComputeChoice) -> ComputeChoice:
+    """The machine's choice for `key`: the one another process cached while this one calibrated (the
+    first calibration wins, so that fresh runs started together still choose alike), else `choice`,
+    now cached. The cache is read and written under a file lock beside it."""
+    lock = FileLock(path.with_name(path.name + ".lock"))
+    try:
+        if not lock.acquire(timeout=30):
+            return choice  # a holder that hangs: the choice is still recorded in the run directory
+        try:
+            values = _read_cache(path)
+            first = _cached_choice(values, key)
+            if first is not None:
+                return first
+            values[key] = choice.to_json()
+            atomic_write_bytes(path, (json.dumps(values, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        finally:
+            lock.release()
     except OSError:
         pass  # a read-only home: the choice is still recorded in the run directory
+    return choice
 
 
 def time_candidates(step, options: list[Compute]) -> dict[str, float]:
@@ -164,20 +192,14 @@ def resolve(channels_last: bool | str, precision: str, device: torch.device, key
     machine = machine_name(device)
     if len(options) == 1:
         return ComputeChoice(options[0], "config", machine=machine)
-    full_key = f"{machine}|torch {torch.__version__}|{device.type}|{key}|{','.join(option.name for option in options)}"
+    full_key = cache_key(device, key, options)
     path = cache_path()
-    cached = _read_cache(path).get(full_key)
+    cached = _cached_choice(_read_cache(path), full_key)
     if cached is not None:
-        try:
-            choice = ComputeChoice.from_json(cached)
-            choice.chosen_by = "machine cache"
-            return choice
-        except (KeyError, TypeError, ValueError):
-            pass
+        return cached
     step(options[0])  # torch's one-time start-up (2 s here), which the run's first step would pay: not counted
     started = time.perf_counter()
     rates = time_candidates(step, options)
     fastest = max(options, key=lambda option: rates[option.name])
-    choice = ComputeChoice(fastest, "calibration", rates, time.perf_counter() - started, machine)
-    _write_cache(path, full_key, choice)
-    return choice
+    return _keep_first(path, full_key,
+                       ComputeChoice(fastest, "calibration", rates, time.perf_counter() - started, machine))
