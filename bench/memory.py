@@ -42,6 +42,8 @@ from pathlib import Path
 
 import common
 
+from flows.processes import command_line, group_members
+
 common.quiet_environment()
 
 SAMPLE_SECONDS = 0.02
@@ -160,12 +162,11 @@ class ForkedChild:
 def left_behind(session: int) -> str:
     """The processes of a finished child's session (its process group) still running, killed; "" if none
     (a zombie, exited and waiting for init to reap it, is not running)."""
-    listing = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-g", str(session)], capture_output=True, text=True)
-    running = [line.split(None, 2) for line in listing.stdout.splitlines() if not line.split()[1].startswith("Z")]
-    for pid, _, _ in running:
+    running = [(pid, command_line(pid)) for pid in group_members(session)]
+    for pid, _ in running:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
-    return "; ".join(f"{pid} {command[:100]}" for pid, _, command in running)
+            os.kill(pid, signal.SIGKILL)
+    return "; ".join(f"{pid} {command[:100]}" for pid, command in running)
 
 
 def peak_tree_rss(spec: dict, timeout: float, fork: bool = False) -> tuple[int, int, dict]:

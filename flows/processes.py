@@ -1,7 +1,7 @@
 """The process table, read from Linux /proc: the live processes, and those a command started, found
 by an environment entry every child inherits (``PREFECT_HOME=...``, or a token of the caller's own).
 Used by ``flows.pipeline.repro`` to wait for a stage's process group, and by the tests and benches
-that check no process is left behind."""
+that check no process is left behind (``bench/memory.py``: by its child's process group)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,20 @@ def live_processes() -> list[tuple[int, int, int]]:
         if fields[0] != "Z":
             found.append((int(stat.parent.name), int(fields[1]), int(fields[2])))
     return found
+
+
+def group_members(group: int) -> list[int]:
+    """The live processes of process group `group` (a grid's dvc and its stages, a bench's child and
+    what it started; one whose parent has already exited is still there, though no longer its child)."""
+    return [pid for pid, _, pgrp in live_processes() if pgrp == group]
+
+
+def command_line(pid: int) -> str:
+    """The command line of process `pid` ("" when it has ended or cannot be read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def processes_with_environment(entry: str) -> list[int]:

@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 
-from flows.processes import live_processes, processes_with_environment, stop_left_behind
+from flows.processes import command_line, group_members, live_processes, processes_with_environment, stop_left_behind
 
 
-def started(token: str, seconds: float) -> subprocess.Popen:
-    """A Python child that sleeps `seconds`, with `token` in its environment."""
+def started(token: str, seconds: float, new_session: bool = False) -> subprocess.Popen:
+    """A Python child that sleeps `seconds`, with `token` in its environment (in a session of its own)."""
     name, value = token.split("=", 1)
-    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], env={**os.environ, name: value})
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], env={**os.environ, name: value},
+                            start_new_session=new_session)
 
 
 def test_a_child_is_found_by_its_environment_entry_and_by_its_parent():
@@ -40,3 +41,15 @@ def test_what_ends_in_time_is_not_left_behind_and_what_does_not_is_killed():
         for child in (quick, slow):
             child.kill()
             child.wait()
+
+
+def test_a_child_in_a_session_of_its_own_is_its_groups_one_member_named_by_its_command_line():
+    child = started(f"FEDCME_TEST_PROCESSES={os.getpid()}-group", 30, new_session=True)
+    try:
+        assert group_members(child.pid) == [child.pid]
+        assert child.pid not in group_members(os.getpgid(0))
+        assert command_line(child.pid) == f"{sys.executable} -c import time; time.sleep(30)"
+    finally:
+        child.kill()
+        child.wait()
+    assert group_members(child.pid) == [] and command_line(child.pid) == ""

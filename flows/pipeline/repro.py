@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 
 from flows.pipeline.progress import GridDisplay, GridProgress, pump
-from flows.processes import live_processes
+from flows.processes import group_members
 
 STAGE_STOP_SECONDS = 60
 
@@ -69,12 +69,6 @@ def pending_experiments(arguments: Sequence[str]) -> list[str]:
 def interrupt(signal_number, frame) -> None:
     """SIGTERM: stop the grid as a Ctrl-C does."""
     raise KeyboardInterrupt
-
-
-def group_members(group: int) -> list[int]:
-    """The live processes of process group `group` (dvc and its stages; a stage whose dvc has
-    already exited is still there, though no longer its child)."""
-    return [pid for pid, _, pgrp in live_processes() if pgrp == group]
 
 
 def stop_within(process: subprocess.Popen, seconds: float) -> None:
