@@ -7,7 +7,7 @@ import signal
 import time
 from pathlib import Path
 
-from flows.processes import live_processes, processes_with_environment, stop_left_behind
+from flows.processes import command_line, live_processes, processes_with_environment, stop_left_behind
 
 
 def is_gone(pid: int) -> bool:
@@ -21,13 +21,6 @@ def is_gone(pid: int) -> bool:
 def children(pid: int) -> list[int]:
     """Pids of the live processes whose parent is `pid`."""
     return [child for child, parent, _ in live_processes() if parent == pid]
-
-
-def command_line(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
 
 
 def wait_until_none_left(entry: str, timeout: float) -> list[str]:
