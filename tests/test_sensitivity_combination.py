@@ -206,5 +206,5 @@ def test_the_answer_in_words_heads_the_rules_answer_where_it_is_written(tmp_path
     (results / "sensitivity" / "ANSWER.md").write_text("No: under no reading did FedCME win.\n")
     assert main(["--params", str(SENSITIVITY), "--results", str(results)]) == 0
     report = (tmp_path / "docs" / "results-sensitivity.md").read_text()
-    assert ("## The answer\n\nNo: under no reading did FedCME win.\n\nBy the rule, from the runs published so far:"
+    assert ("## The answer\n\nNo: under no reading did FedCME win.\n\nBy the rule, computed from the published runs:"
             "\n\nNo reading did") in report

@@ -147,7 +147,7 @@ def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], 
         "## Test accuracy per round\n",
         f"![curves per factor]({links['figure']})\n",
         "## The answer\n",
-        *([answer.strip() + "\n", "By the rule, from the runs published so far:\n"] if answer else []),
+        *([answer.strip() + "\n", "By the rule, computed from the published runs:\n"] if answer else []),
         verdicts.answer_text(rows, [factor.name for factor in report.factors]),
     ]
     return "\n".join(parts)
