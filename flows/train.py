@@ -28,10 +28,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from fedcme_core.client.evaluation import torch_threads
 from fedcme_core.config.schema import ExperimentConfig
 from fedcme_core.rounds import (
     RunPaths,
@@ -156,7 +156,8 @@ def train(
     deployment's run takes it here, and stops at once when another process holds it)."""
     check_device(config.device)
     views = views or {"label": None, "grid": None, "mlflow_experiment": mlflow_experiment_for(config)}
-    with hold_run(experiment_run_dir(runs_dir, experiment)):
+    # the runner's intra-op threads for the run; the process's own count is back once it ends
+    with hold_run(experiment_run_dir(runs_dir, experiment)), torch_threads(worker_layout(config.runner)[1]):
         return train_held(config, experiment, runs_dir, tracking_uri, partition_file, views)
 
 
@@ -178,7 +179,6 @@ def train_held(
     if config.runner.dask_address:  # workers elsewhere resolve the tasks' paths with their own working directory
         run_dir = run_dir.resolve()
     workers, threads = worker_layout(config.runner)
-    torch.set_num_threads(threads)
     uri = resolve_tracking_uri(tracking_uri)
     tags = run_tags(config, experiment, flow_run_id, label, views["grid"], views.get("parent_run_id"))
     tracker = RunTracker.open(uri, views["mlflow_experiment"], run_name(config, label), run_dir,

@@ -208,6 +208,15 @@ def test_phase_two_checkpoints_hold_the_counterparts_classifier(tmp_path):
     assert checked == 8
 
 
+def test_a_run_gives_the_process_its_torch_thread_count_back(tmp_path):
+    """A run trains on its runner's threads per worker and then restores the process's own count, so
+    that what runs next in the process (another in-process run, a test's) is not trained on it."""
+    before = torch.get_num_threads()
+    train(tmp_path, "threads-back", **{"runner.kind": "sequential", "runner.threads_per_worker": before + 1,
+                                       "federation.rounds": 1})
+    assert torch.get_num_threads() == before
+
+
 @pytest.mark.parametrize("compute", [{}, {"training.channels_last": True, "training.precision": "bf16"}],
                          ids=["default", "channels_last-bf16"])
 def test_sequential_threads_and_dask_give_the_same_model(tmp_path, compute):
