@@ -156,9 +156,10 @@ def train(
     deployment's run takes it here, and stops at once when another process holds it)."""
     check_device(config.device)
     views = views or {"label": None, "grid": None, "mlflow_experiment": mlflow_experiment_for(config)}
+    layout = worker_layout(config.runner)
     # the runner's intra-op threads for the run; the process's own count is back once it ends
-    with hold_run(experiment_run_dir(runs_dir, experiment)), torch_threads(worker_layout(config.runner)[1]):
-        return train_held(config, experiment, runs_dir, tracking_uri, partition_file, views)
+    with hold_run(experiment_run_dir(runs_dir, experiment)), torch_threads(layout[1]):
+        return train_held(config, experiment, runs_dir, tracking_uri, partition_file, views, layout)
 
 
 def train_held(
@@ -168,9 +169,11 @@ def train_held(
     tracking_uri: str | None,
     partition_file: str | None,
     views: dict[str, Any],
+    layout: tuple[int, int],
 ) -> dict[str, Any]:
     """The run itself: tracker opened, rounds run and logged, then the run's summary, figure, model
-    (registered on request), the flow run's tags and artifacts."""
+    (registered on request), the flow run's tags and artifacts. `layout`: the runner's (parallel
+    client trainings, torch threads each), whose threads the caller has set."""
     logger = progress_logger()
     label = views["label"] or method_label(config)
     flow_run_id = str(flow_run.get_id())
@@ -178,7 +181,7 @@ def train_held(
     run_dir = experiment_run_dir(runs_dir, experiment)
     if config.runner.dask_address:  # workers elsewhere resolve the tasks' paths with their own working directory
         run_dir = run_dir.resolve()
-    workers, threads = worker_layout(config.runner)
+    workers, threads = layout
     uri = resolve_tracking_uri(tracking_uri)
     tags = run_tags(config, experiment, flow_run_id, label, views["grid"], views.get("parent_run_id"))
     tracker = RunTracker.open(uri, views["mlflow_experiment"], run_name(config, label), run_dir,
