@@ -35,7 +35,7 @@ def test_the_report_keys_change_no_cell_config():
     with_factors, without = params_from_dict(values), params_from_dict(bare)
 
     cells = list(with_factors.all_cells())
-    assert cells == list(without.all_cells()) and len(cells) == 55  # 16 methods x 3 seeds, 7 on seed 0
+    assert cells == list(without.all_cells()) and len(cells) == 70  # 21 methods x 3 seeds, 7 on seed 0
     assert all(with_factors.cell_config(*cell) == without.cell_config(*cell) for cell in cells)
 
 
