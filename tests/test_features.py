@@ -184,14 +184,18 @@ def test_alignment_loss_two_classes_by_hand() -> None:
 
     # Execute
     mean_loss = alignment_loss(features, labels, zeta)
-    sum_loss = alignment_loss(features, labels, zeta, reduction="sum")
+    sum_loss = alignment_loss(features, labels, zeta, reduction="sum_all")
+    sum_dims_loss = alignment_loss(features, labels, zeta, reduction="sum_dims")
 
-    # Assert: squared differences [1, 4] and [4, 0]: sum 9, mean over 2 classes x 2 dims 9/4.
+    # Assert: squared differences [1, 4] and [4, 0]: sum 9, mean over 2 classes x 2 dims 9/4, and the
+    # squared norms 5 and 4 averaged over the 2 classes 9/2 (Q x d = 4 and d = 2 times the mean).
     # Class 2 is defined but absent from the batch, so it does not count.
-    assert mean_loss is not None and sum_loss is not None
+    assert mean_loss is not None and sum_loss is not None and sum_dims_loss is not None
     assert mean_loss.item() == pytest.approx(2.25)
     assert sum_loss.item() == pytest.approx(9.0)
+    assert sum_dims_loss.item() == pytest.approx(4.5)
     assert sum_loss.item() / mean_loss.item() == pytest.approx(4.0)
+    assert sum_dims_loss.item() / mean_loss.item() == pytest.approx(2.0)
 
 
 def test_alignment_loss_none_when_no_class_defined() -> None:

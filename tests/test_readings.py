@@ -35,10 +35,12 @@ def test_sample_alignment_loss_by_hand():
     # Samples of defined classes: 0, 1 (class 0, zeta [1, 1]) and 2 (class 1, zeta [2, 0]); sample 3's class
     # has no zeta. Squared differences: [0, 1], [4, 9], [4, 0]; per sample sums 1, 13, 4; means 0.5, 6.5, 2.
     mean_form = alignment_loss(features, labels, zeta, reduction="mean", loss="sample")
-    sum_form = alignment_loss(features, labels, zeta, reduction="sum", loss="sample")
+    sum_form = alignment_loss(features, labels, zeta, reduction="sum_dims", loss="sample")
+    sum_all_form = alignment_loss(features, labels, zeta, reduction="sum_all", loss="sample")
 
     assert mean_form.item() == pytest.approx((0.5 + 6.5 + 2.0) / 3)
     assert sum_form.item() == pytest.approx((1 + 13 + 4) / 3)
+    assert sum_all_form.item() == pytest.approx(1 + 13 + 4)
     sum_form.backward()
     assert torch.equal(features.grad[3], torch.zeros(2))  # no global feature, no pull
     assert features.grad[0].tolist() == pytest.approx([0.0, 2 * 1 / 3])
@@ -47,14 +49,21 @@ def test_sample_alignment_loss_by_hand():
 def test_sample_reading_also_penalises_the_spread_within_a_class():
     features, labels, zeta = batch_and_zeta()
     # Class 0's batch mean [2, 3] against [1, 1]: the class-mean reading sees (1 + 4) and (4 + 0) over 2 classes.
-    class_mean = alignment_loss(features, labels, zeta, reduction="sum", loss="class_mean")
-    sample = alignment_loss(features, labels, zeta, reduction="sum", loss="sample")
+    class_mean = alignment_loss(features, labels, zeta, reduction="sum_dims", loss="class_mean")
+    sample = alignment_loss(features, labels, zeta, reduction="sum_dims", loss="sample")
 
-    assert class_mean.item() == pytest.approx(9.0)
+    assert class_mean.item() == pytest.approx(9.0 / 2)
     assert sample.item() == pytest.approx(6.0)
     same_features = torch.tensor([[2.0, 3.0], [2.0, 3.0], [0.0, 0.0]])
     # Without spread, each class's samples weigh by their count: (5 + 5 + 4) / 3 samples.
-    assert alignment_loss(same_features, labels[:3], zeta, reduction="sum", loss="sample").item() == pytest.approx(14 / 3)
+    assert alignment_loss(same_features, labels[:3], zeta, reduction="sum_dims", loss="sample").item() == pytest.approx(14 / 3)
+
+
+def test_the_old_reduction_name_is_refused_in_one_line_naming_both_new_ones():
+    with pytest.raises(ConfigError) as raised:
+        config_from_dict({"algorithm": {"name": "fedcme", "align_reduction": "sum"}}, source="x.yaml")
+    message = str(raised.value)
+    assert "\n" not in message and "align_reduction" in message and "'sum_dims'" in message and "'sum_all'" in message
 
 
 def test_sample_alignment_loss_none_without_a_defined_class():
@@ -214,13 +223,13 @@ def test_a_meaningless_or_bad_reading_is_one_line(values, expected):
 
 def test_the_readings_are_recorded_in_the_flat_config():
     config = config_from_dict({"model": {"classifier_layers": 2}, "algorithm": {
-        "name": "fedcme", "align_loss": "sample", "align_reduction": "sum", "exchange_optimizer": "swap",
+        "name": "fedcme", "align_loss": "sample", "align_reduction": "sum_dims", "exchange_optimizer": "swap",
         "feature_weights": "class_counts"}, "partition": {"method": "labels_per_client", "labels_per_client": 2}})
     flat = config.flat()
     assert {key: flat[key] for key in ("model.classifier_layers", "algorithm.align_loss", "algorithm.align_reduction",
                                        "algorithm.exchange_optimizer", "algorithm.feature_weights",
                                        "partition.method", "partition.labels_per_client")} == {
-        "model.classifier_layers": 2, "algorithm.align_loss": "sample", "algorithm.align_reduction": "sum",
+        "model.classifier_layers": 2, "algorithm.align_loss": "sample", "algorithm.align_reduction": "sum_dims",
         "algorithm.exchange_optimizer": "swap", "algorithm.feature_weights": "class_counts",
         "partition.method": "labels_per_client", "partition.labels_per_client": 2}
 
@@ -232,7 +241,7 @@ def test_fedcme_rounds_with_every_reading_on(tmp_path, synthetic_config):
     readings = synthetic_config(
         {"model.classifier_layers": 2, "partition": {"method": "labels_per_client", "labels_per_client": 3,
                                                      "min_size": 10}},
-        algorithm={"name": "fedcme", "mu": 0.1, "align_loss": "sample", "align_reduction": "sum",
+        algorithm={"name": "fedcme", "mu": 0.1, "align_loss": "sample", "align_reduction": "sum_dims",
                    "exchange_optimizer": "swap", "feature_weights": "class_counts"})
 
     history = run_experiment(readings, tmp_path / "readings")

@@ -201,10 +201,10 @@ def test_the_answer_in_words_heads_the_rules_answer_where_it_is_written(tmp_path
     results = real_results(tmp_path)
     assert main(["--params", str(SENSITIVITY), "--results", str(results)]) == 0
     report = (tmp_path / "docs" / "results-sensitivity.md").read_text()
-    assert "By the rule" not in report and "## The answer\n\nNo reading did" in report
+    assert "By the two rules" not in report and "## The answer\n\n| Reading |" in report
 
     (results / "sensitivity" / "ANSWER.md").write_text("No: under no reading did FedCME win.\n")
     assert main(["--params", str(SENSITIVITY), "--results", str(results)]) == 0
     report = (tmp_path / "docs" / "results-sensitivity.md").read_text()
-    assert ("## The answer\n\nNo: under no reading did FedCME win.\n\nBy the rule, computed from the published runs:"
-            "\n\nNo reading did") in report
+    assert ("## The answer\n\nNo: under no reading did FedCME win.\n\nBy the two rules, in the order they were "
+            "written, computed from the published runs:\n\n| Reading |") in report

@@ -19,10 +19,13 @@ def test_the_shipped_sensitivity_file_names_every_factor_and_trains_its_runs():
     report = params.report
 
     assert [factor.name for factor in report.factors] == [
-        "sample-mean", "sample-sum", "sample-sum-mu01", "class-mean-sum", "classifier2", "optimizer-swap",
-        "class-counts", "e4", "noaug", "c2"]
+        "sample-mean", "sample-sum", "sample-sum-mu01", "class-mean-sum", "class-mean-sumd", "classifier2",
+        "optimizer-swap", "class-counts", "e4", "noaug", "c2"]
     assert report.references.model_dump() == {"fedavg": "fedavg", "fedrs": "fedrs-a05", "fedcme": "fedcme-mu001",
-                                              "twin": "fedcme-no-exchange"}
+                                              "twin": "fedcme-no-exchange", "fedprox": "fedprox-mu001"}
+    setups = [factor for factor in report.factors if factor.is_setup(report.references, report.name)]
+    assert [factor.name for factor in setups] == ["e4", "noaug", "c2"]
+    assert all(factor.fedrs and factor.fedprox for factor in setups)  # like-for-like baselines
     trained = {"sensitivity": set(params.grid.methods) | set(params.ablation.methods), "sensitivity-c2":
                set(c2.grid.methods)}
     for factor in report.factors:
@@ -35,7 +38,7 @@ def test_the_report_keys_change_no_cell_config():
     with_factors, without = params_from_dict(values), params_from_dict(bare)
 
     cells = list(with_factors.all_cells())
-    assert cells == list(without.all_cells()) and len(cells) == 70  # 21 methods x 3 seeds, 7 on seed 0
+    assert cells == list(without.all_cells()) and len(cells) == 72  # 21 methods x 3 seeds, 9 on seed 0
     assert all(with_factors.cell_config(*cell) == without.cell_config(*cell) for cell in cells)
 
 
@@ -71,6 +74,6 @@ def test_a_factor_of_another_grid_is_checked_against_that_grid_file_when_it_exis
 
     assert load_params(path).report.factors[-1].twin == "fedcme-no-exchange-x"  # no sensitivity-c2 file here
     shutil.copy(REPO_ROOT / "configs" / "params-sensitivity-c2.yaml", tmp_path / "params-sensitivity-c2.yaml")
-    with pytest.raises(ConfigError, match=r"report\.factors\.9\.twin: fedcme-no-exchange-x \(c2\) not defined in "
+    with pytest.raises(ConfigError, match=r"report\.factors\.10\.twin: fedcme-no-exchange-x \(c2\) not defined in "
                                           r"methods of the sensitivity-c2 grid \(.*params-sensitivity-c2\.yaml\)$"):
         load_params(path)

@@ -156,7 +156,9 @@ def test_the_answer_names_the_readings_where_fedcme_was_best_and_its_exchange_wo
 
     # today: b +1, 0, -1 (not every seed), c +2.67, d +1; f1: b +1, +1, c +2.5, d +0.5;
     # f2: b +2.5 (1 seed), c +3.5, d +0.5; f3: b +1, c +3.49, d +0.49.
-    assert text.startswith("Both claims held under 3 of the 4 readings with runs (today's and the factors): ")
+    assert text.startswith("Under the second rule (d91dd6c, added 2026-12-06 08:40 UTC, after the first factors' runs "
+                           "were in")
+    assert "both claims held under 3 of the 4 readings with runs (today's and the factors): " in text
     assert "f1 (b on 2/2 seeds, n<3: a screen, not a demonstration; d +0.50 ± 2.12 (2), n<3: a screen" in text
     assert "f2 (b on 1/1 seeds" in text and "reference (" not in text
     assert "FedCME ahead of FedAvg and FedRS: reference, f1, f2, f3. The exchange ahead of no exchange on every " \
@@ -175,11 +177,57 @@ def test_the_answer_says_plainly_when_no_reading_did_or_nothing_ran():
             e["final_accuracy"] = 0.9  # and FedRS beats every FedCME
     neither = verdicts.answer_text(rs.comparisons(REPORT, entries, "a0.1"), FACTORS)
 
-    assert no_exchange.startswith("No reading did: under none of the 4 readings with runs")
+    assert "no reading did: under none of the 4 readings with runs" in no_exchange
     assert "FedCME ahead of FedAvg and FedRS: reference, f1, f2, f3. The exchange ahead of no exchange on every seed: " \
            "under none." in no_exchange
     assert "FedCME ahead of FedAvg and FedRS: under none." in neither
-    assert verdicts.answer_text(rs.comparisons(REPORT, {}, "a0.1"), FACTORS).startswith("No factor has its runs yet")
+    assert "no factor has its runs yet" in verdicts.answer_text(rs.comparisons(REPORT, {}, "a0.1"), FACTORS)
+
+
+def test_both_rules_judge_every_reading_in_the_order_they_were_written():
+    judged = {v.factor: (v.first, v.second) for v in verdicts.rule_verdicts(rows(), FACTORS)}
+
+    # today: b +1, 0, -1 (not every seed): no under both. f1: b +1, +1, c +2.5, d +0.5: yes under both.
+    # e4: its twin is not run: pending. c2: no twin, no FedRS of its own: pending under both.
+    assert judged == {"reference": ("no", "no"), "f1": ("yes", "yes"), "f2": ("yes", "yes"), "f3": ("yes", "yes"),
+                      "e4": ("pending", "pending"), "c2": ("pending", "pending")}
+    text = verdicts.first_rule_text(verdicts.rule_verdicts(rows(), FACTORS))
+    assert text.startswith("Under the first rule (4f727db, committed 2026-12-05 20:11 UTC, before any result")
+    assert "yes under 3 of the 4 readings with runs: f1, f2, f3." in text
+    assert "Still without the runs of (b) and (c): e4, c2." in text
+    table = verdicts.rules_table(rows(), verdicts.rule_verdicts(rows(), FACTORS))
+    assert "| f1 | 2/2 | +2.50 | +0.50 | yes | yes |" in table and "| e4 | – | +2.00 | – | pending | pending |" in table
+
+
+def test_the_first_rule_can_say_yes_where_the_second_says_no():
+    entries = hand_made()
+    for e in entries["main"]:
+        if e["method_name"] == "fedrs":
+            e["final_accuracy"] = 0.9  # FedRS beats every FedCME: (d) < 0 everywhere
+    judged = {v.factor: (v.first, v.second) for v in verdicts.rule_verdicts(rs.comparisons(REPORT, entries, "a0.1"),
+                                                                            FACTORS)}
+
+    assert judged["f1"] == ("yes", "no") and judged["f3"] == ("yes", "no")
+
+
+def test_a_setup_factor_is_compared_with_baselines_of_its_own_setup_only():
+    report = ReportSection.model_validate({
+        **REPORT.model_dump(exclude_none=True),
+        "references": {**REPORT.references.model_dump(exclude_none=True), "fedprox": "fedprox"},
+        "factors": [{"name": "e4", "label": "setup E=4", "fedcme": "cme-e4", "twin": "cme-e4-nx",
+                     "fedavg": "avg-e4", "fedrs": "rs-e4"},
+                    {"name": "f1", "label": "reading one", "fedcme": "f1", "twin": "f1-nx"}],
+    })
+    entries = hand_made()
+    entries["main"] += runs("rs-e4", {0: 0.44}) + runs("fedprox", {0: 0.505})
+    table = rs.comparisons(report, entries, "a0.1")
+
+    e4_d, f1_d, f1_e = rs.find(table, "e4", "d"), rs.find(table, "f1", "d"), rs.find(table, "f1", "e")
+    assert e4_d.subtrahend.method == "rs-e4" and rounded(e4_d.difference) == {0: 3.0}  # 0.47 - 0.44
+    assert f1_d.subtrahend.method == "fedrs" and f1_e.subtrahend.method == "fedprox"
+    assert rounded(f1_e.difference) == {0: 2.5}  # 0.53 - 0.505
+    # e4 names no FedProx of its own: no (e) against today's, trained under another setup.
+    assert rs.find(table, "e4", "e") is None
 
 
 def test_two_runs_of_one_method_and_seed_are_one_error_naming_both():
@@ -193,7 +241,9 @@ def test_factors_csv_has_a_row_per_factor_and_comparison_in_fractions():
     table = list(csv.DictReader(io.StringIO(rs.factors_csv(rows(), {"f1": "reading one"}, {"f1": "reading"},
                                                            verdicts.statuses(verdicts.seed0_moves(rows(), FACTORS))))))
 
-    assert len(table) == 3 + 4 * len(FACTORS)
+    # today: b, c, d (no FedProx named); the readings f1-f3: a-d; the setups e4 and c2 name no FedRS of their own,
+    # so they have no (d): a-c.
+    assert len(table) == 3 + 4 * 3 + 3 * 2
     f1a = next(row for row in table if (row["factor"], row["comparison"]) == ("f1", "a"))
     assert (f1a["n"], f1a["seeds"], f1a["wins"], f1a["losses"], f1a["p_value"], f1a["moved"]) == (
         "2", "0;1", "1", "1", "n<3", "moved")
@@ -215,7 +265,7 @@ def test_the_tool_writes_the_report_and_the_factor_csv_from_published_metrics(tm
     assert set(written) == {docs / "results-sensitivity.md", results / "sensitivity-factors.csv",
                             docs / "results-sensitivity-factors.png"}
     table = list(csv.DictReader(io.StringIO((results / "sensitivity-factors.csv").read_text())))
-    assert len(table) == 3 + 4 * 10 + len(rc.COMPARISONS)  # today, 10 factors, the combination
+    assert len(table) == 4 + 5 * 11 + len(rc.COMPARISONS)  # today's b-e, 11 factors' a-e, the combination
     by_key = {(row["factor"], row["comparison"]): row for row in table}
     sample_mean_a = by_key[("sample-mean", "a")]
     expected = accuracy("cifar10-a0.1-k50m20-fedcme-mu01-s0") - accuracy("cifar10-a0.1-k50m20-fedcme-mu001-s0")
@@ -253,7 +303,7 @@ def test_the_tool_on_no_published_runs_writes_a_report_of_missing_runs(tmp_path,
     assert main(["--params", str(SENSITIVITY), "--results", str(results)]) == 0
 
     report = (tmp_path / "docs" / "results-sensitivity.md").read_text()
-    assert "No factor has its runs yet, so nothing can be said." in report and "Moved: none yet." in report
+    assert "no factor has its runs yet, so nothing can be said." in report and "Moved: none yet." in report
     assert "wrote" in capsys.readouterr().out
 
 

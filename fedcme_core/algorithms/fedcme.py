@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fedcme_core.algorithms.base import Algorithm, ClientContext, Matching, ServerState, Upload
 from fedcme_core.client.hooks import ClientHooks
@@ -46,12 +46,23 @@ class FedCMEConfig(Frozen):
     # The open readings of the text (SPEC.md, "Open readings"); defaults are SPEC.md's choices.
     # align_loss: class_mean, each batch class mean against zeta[c]; sample, each sample against zeta[y_i].
     align_loss: Literal["class_mean", "sample"] = "class_mean"
-    # Over the d feature dimensions: the mean (F.mse_loss) or the sum (the squared norm).
-    align_reduction: Literal["mean", "sum"] = "mean"
+    # What the squared differences [Q vectors, d dimensions] are summed over: neither (mean, F.mse_loss),
+    # the dimensions (sum_dims: the squared norm, averaged over the vectors) or both (sum_all).
+    align_reduction: Literal["mean", "sum_dims", "sum_all"] = "mean"
     # The received classifier's momentum at the exchange: reset, or received with it.
     exchange_optimizer: Literal["reset", "swap"] = "reset"
-    # zeta^{t+1}[c] weighs client k by D_k (samples) or by its count of class c (class_counts).
+    # zeta^{t+1}[c] weighs client k by D_k (samples) or by its count of class c (class_counts; then the
+    # memory zeta^t[c] stands in only for a class that no uploading client holds).
     feature_weights: Literal["samples", "class_counts"] = "samples"
+
+    @field_validator("align_reduction", mode="before")
+    @classmethod
+    def _renamed_reduction(cls, value: Any) -> Any:
+        if value == "sum":
+            raise ValueError("'sum' was renamed on 2026-12-07 to say what it sums over: 'sum_dims' (the squared "
+                             "norm over the dimensions, averaged over the compared vectors; the per-sample 'sum') "
+                             "or 'sum_all' (over the vectors and the dimensions; the class-mean 'sum')")
+        return value
 
     @model_validator(mode="after")
     def _no_meaningless_options(self) -> FedCMEConfig:

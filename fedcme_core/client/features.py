@@ -6,8 +6,10 @@ L = CE(w(x), y) + mu * mean_{c in B, d} (mean_{i in B_c} theta(x_i) - zeta[c])^2
 
 The text leaves two of these open (SPEC.md, "Open readings"): the loss may compare each sample's
 feature rather than each class's batch mean (``align_loss: sample``,
-L2 = mean_{i in B} reduce_d (theta(x_i) - zeta[y_i])^2), and zeta may weigh client k by its count
-of class c rather than by D_k (``feature_weights: class_counts``).
+L2 = mean_{i in B} reduce_d (theta(x_i) - zeta[y_i])^2), the squared differences may be averaged or
+summed (``align_reduction``: mean, sum_dims, sum_all), and zeta may weigh client k by its count of
+class c rather than by D_k (``feature_weights: class_counts``, whose memory then stands in only for a
+class that no uploading client holds).
 """
 
 from __future__ import annotations
@@ -192,23 +194,32 @@ def aggregate_global_features(
     return GlobalFeatures(values=values.float(), defined=(weight_sum > 0) | previous_defined)
 
 
+AlignReduction = Literal["mean", "sum_dims", "sum_all"]
+ALIGN_REDUCTIONS: tuple[str, ...] = ("mean", "sum_dims", "sum_all")
+
+
 def alignment_loss(
     features: torch.Tensor,
     labels: torch.Tensor,
     global_features: GlobalFeatures,
-    reduction: Literal["mean", "sum"] = "mean",
+    reduction: AlignReduction = "mean",
     loss: Literal["class_mean", "sample"] = "class_mean",
 ) -> torch.Tensor | None:
     """SPEC step 9: L2 between `features` [B, d] and the global features, None when no sample's
     class has a global feature. Gradients flow into `features` only.
 
-    `loss="class_mean"`: over the classes present in the batch whose global feature is defined,
-    `F.mse_loss(batch_class_means, zeta[classes], reduction=reduction)` (the squared difference
-    averaged, or summed, over classes and dimensions). `loss="sample"`: the mean over the samples i
-    whose class has zeta of sum_d or mean_d (`reduction`) of (theta(x_i) - zeta[y_i])^2.
+    The compared vectors are, with `loss="class_mean"`, the Q batch class means whose class has a
+    global feature (mean_{i in B_c} theta(x_i) against zeta[c]), and with `loss="sample"`, the Q
+    samples whose class has one (theta(x_i) against zeta[y_i]). Of their squared differences [Q, d],
+    `reduction` takes
+
+    - ``mean``: the mean over the Q vectors and the d dimensions (`F.mse_loss`);
+    - ``sum_dims``: the sum over the d dimensions (the squared norm), then the mean over the Q vectors,
+      d times ``mean``;
+    - ``sum_all``: the sum over the Q vectors and the d dimensions, Q x d times ``mean``.
     """
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    if reduction not in ALIGN_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(ALIGN_REDUCTIONS)}, got {reduction!r}")
     if loss == "sample":
         return sample_alignment_loss(features, labels, global_features, reduction)
     if loss != "class_mean":
@@ -224,21 +235,26 @@ def alignment_loss(
     class_sums = one_hot[:, classes].T @ features  # [Q, d]
     batch_class_means = class_sums / class_counts[classes].unsqueeze(1)  # [Q, d]
     targets = global_features.values.to(features.device, features.dtype)[classes].detach()  # [Q, d]
-    return F.mse_loss(batch_class_means, targets, reduction=reduction)
+    if reduction == "sum_dims":
+        return F.mse_loss(batch_class_means, targets, reduction="none").sum(dim=1).mean()
+    return F.mse_loss(batch_class_means, targets, reduction="mean" if reduction == "mean" else "sum")
 
 
 def sample_alignment_loss(
     features: torch.Tensor,
     labels: torch.Tensor,
     global_features: GlobalFeatures,
-    reduction: Literal["mean", "sum"] = "mean",
+    reduction: AlignReduction = "mean",
 ) -> torch.Tensor | None:
-    """`align_loss: sample`: mean_{i: zeta[y_i] defined} reduce_d (theta(x_i) - zeta[y_i])^2."""
+    """`align_loss: sample`: reduce_{i: zeta[y_i] defined, d} (theta(x_i) - zeta[y_i])^2, `reduction` as in
+    :func:`alignment_loss` (``mean`` and ``sum_dims`` average over the Q samples, ``sum_all`` sums)."""
     labels = labels.to(features.device).long()  # [B]
     qualifies = global_features.defined.to(features.device)[labels]  # [B]
     if not bool(qualifies.any()):
         return None
     targets = global_features.values.to(features.device, features.dtype)[labels[qualifies]].detach()  # [Q, d]
     squared = (features[qualifies] - targets).square()  # [Q, d]
+    if reduction == "sum_all":
+        return squared.sum()
     per_sample = squared.mean(dim=1) if reduction == "mean" else squared.sum(dim=1)  # [Q]
     return per_sample.mean()

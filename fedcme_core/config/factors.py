@@ -26,18 +26,24 @@ class _Section(BaseModel):
 
 
 class ReportReferences(_Section):
-    """`report.references`: the methods of today's readings (keys of `methods`): FedAvg, FedRS, FedCME
-    and FedCME's no-exchange twin."""
+    """`report.references`: the methods of today's readings (keys of `methods`): FedAvg, FedRS, FedCME,
+    FedCME's no-exchange twin and, where it was trained, FedProx."""
 
     fedavg: str
     fedrs: str
     fedcme: str
     twin: str
+    fedprox: str | None = None
+
+    def named(self) -> dict[str, str]:
+        """{role: method} of the roles it names."""
+        return {role: method for role, method in self.model_dump().items() if method is not None}
 
 
 class ReportFactor(_Section):
     """`report.factors[i]`: FedCME with one reading (or setup) changed, its no-exchange twin, and for a
-    setup factor the FedAvg of that setup (default: the reference FedAvg). Its methods are keys of
+    setup factor the FedAvg, FedRS and FedProx of that setup (default: the reference FedAvg; a reading
+    factor's baselines are the references, trained under the same setup). Its methods are keys of
     `methods`, or of the grid file of `grid` (another grid whose published metrics hold its runs);
     `setting` is the partition tag of its runs (default: its grid's)."""
 
@@ -46,6 +52,8 @@ class ReportFactor(_Section):
     fedcme: str
     twin: str
     fedavg: str | None = None
+    fedrs: str | None = None
+    fedprox: str | None = None
     grid: str | None = Field(None, pattern=GRID_NAME_PATTERN, description="the grid whose metrics hold its runs")
     setting: str | None = Field(None, description="a partition tag: a<alpha> or c<k>")
 
@@ -57,12 +65,23 @@ class ReportFactor(_Section):
         return tag
 
     def methods(self, references: ReportReferences) -> dict[str, str]:
-        """{role: method} of its runs: fedcme, twin and fedavg (the reference FedAvg unless it names one)."""
-        return {"fedcme": self.fedcme, "twin": self.twin, "fedavg": self.fedavg or references.fedavg}
+        """{role: method} of its runs: fedcme, twin and fedavg (the reference FedAvg unless it names one),
+        and fedrs and fedprox where it names them."""
+        own = {"fedrs": self.fedrs, "fedprox": self.fedprox}
+        return {"fedcme": self.fedcme, "twin": self.twin, "fedavg": self.fedavg or references.fedavg,
+                **{role: method for role, method in own.items() if method is not None}}
 
     def is_setup(self, references: ReportReferences, own_grid: str) -> bool:
         """A setup factor: its runs have a FedAvg of their own (another grid, or a FedAvg it names)."""
         return (self.grid not in (None, own_grid)) or self.fedavg not in (None, references.fedavg)
+
+    def baseline(self, role: str, references: ReportReferences, own_grid: str) -> str | None:
+        """The method of baseline `role` (fedrs, fedprox) trained under this factor's setup: its own for a
+        setup factor (None where it names none: a baseline of another setup is no comparison), else today's."""
+        own = getattr(self, role)
+        if own is not None or self.is_setup(references, own_grid):
+            return own
+        return getattr(references, role)
 
 
 class ReportCombination(_Section):
@@ -124,7 +143,7 @@ def factor_method_problems(references: ReportReferences | None, factors: Sequenc
     problems = []
     if references is not None and grid == own_grid:
         problems += [f"report.references.{role}: {method} not defined in methods"
-                     for role, method in references.model_dump().items() if method not in methods]
+                     for role, method in references.named().items() if method not in methods]
     for index, factor in enumerate(factors):
         if (factor.grid or own_grid) != grid or references is None:
             continue

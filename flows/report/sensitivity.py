@@ -8,9 +8,12 @@ rounds, ``final_accuracy``):
 - (a) FedCME with this reading minus today's FedCME;
 - (b) the exchange minus no exchange under this reading (FedCME minus its twin);
 - (c) FedCME minus FedAvg (the setup's own FedAvg for a setup factor);
-- (d) FedCME minus FedRS (the reference grid's; for a setup factor FedRS ran under today's setup).
+- (d) FedCME minus FedRS of the same setup (today's FedRS for a reading factor, the setup's own FedRS for a
+  setup factor; a setup factor whose FedRS has not run has no (d): a baseline of another setup is no
+  comparison);
+- (e) FedCME minus FedProx of the same setup, in the same way, where the grid names a FedProx.
 
-Today's readings get (b), (c) and (d) too (the factor "reference"). What the rows decide (which factors
+Today's readings get (b)-(e) too (the factor "reference"). What the rows decide (which factors
 moved on seed 0, which readings helped, the answer to the paper's claims) is :mod:`flows.report.verdicts`.
 Everything here is a pure function of loaded metrics entries ({grid: entries},
 :func:`flows.report.inputs.load_metrics`); a run not there yet is missing, never an error. Fractions in,
@@ -39,7 +42,8 @@ COMPARISONS = {
     "a": "FedCME with this reading − today's FedCME",
     "b": "exchange − no exchange under this reading (FedCME − its twin)",
     "c": "FedCME − FedAvg (the setup's own FedAvg for a setup factor)",
-    "d": "FedCME − FedRS (the reference grid's FedRS, trained under today's setup)",
+    "d": "FedCME − FedRS of the same setup (a setup factor's own FedRS)",
+    "e": "FedCME − FedProx of the same setup (a setup factor's own FedProx)",
 }
 CSV_COLUMNS = ("factor", "label", "kind", "comparison", "description", "minuend_grid", "minuend_method",
                "subtrahend_grid", "subtrahend_method", "measure", "n", "seeds", "mean", "std", "wins", "losses",
@@ -93,14 +97,20 @@ def compare(entries_by_grid: Mapping[str, Sequence[Mapping[str, Any]]], minuend:
 
 def reference_sides(report: ReportSection, partition: str | None) -> dict[str, Side]:
     """Today's readings in the reference grid: {fedavg, fedrs, fedcme, twin: Side}."""
-    return {role: Side(report.name, method, partition) for role, method in report.references.model_dump().items()}
+    return {role: Side(report.name, method, partition) for role, method in report.references.named().items()}
 
 
 def factor_sides(report: ReportSection, factor: ReportFactor, partition: str | None) -> dict[str, Side]:
-    """A factor's runs {fedcme, twin, fedavg: Side}, in its grid and setting (default: the reference partition)."""
+    """A factor's runs {fedcme, twin, fedavg: Side, and fedrs, fedprox: Side where the setup has them}, in its
+    grid and setting (default: the reference partition); a reading factor's baselines are today's."""
     grid = report.factor_grid(factor)
     tag = factor.setting or (partition if grid == report.name else None)
-    return {role: Side(grid, method, tag) for role, method in factor.methods(report.references).items()}
+    sides = {role: Side(grid, method, tag) for role, method in factor.methods(report.references).items()}
+    today = reference_sides(report, partition)
+    for role in ("fedrs", "fedprox"):
+        if role not in sides and factor.baseline(role, report.references, report.name) is not None:
+            sides[role] = today[role]
+    return sides
 
 
 def is_setup(report: ReportSection, factor: ReportFactor) -> bool:
@@ -109,20 +119,20 @@ def is_setup(report: ReportSection, factor: ReportFactor) -> bool:
 
 def comparisons(report: ReportSection, entries_by_grid: Mapping[str, Sequence[Mapping[str, Any]]],
                 partition: str | None = None) -> list[Comparison]:
-    """Today's (b), (c), (d) (factor REFERENCE), then every factor's (a)-(d), in the order of `report.factors`;
-    `partition` is the tag of the reference runs (None: any)."""
+    """Today's (b)-(e) (factor REFERENCE), then every factor's (a)-(e), in the order of `report.factors`;
+    `partition` is the tag of the reference runs (None: any). A comparison with a baseline that the setup
+    lacks (FedProx where none is named, FedRS of a setup factor that names none) is no row."""
     today = reference_sides(report, partition)
+    baselines = (("b", "twin"), ("c", "fedavg"), ("d", "fedrs"), ("e", "fedprox"))
     rows = [Comparison(REFERENCE, code, today["fedcme"], today[other],
                        compare(entries_by_grid, today["fedcme"], today[other]))
-            for code, other in (("b", "twin"), ("c", "fedavg"), ("d", "fedrs"))]
+            for code, other in baselines if other in today]
     for factor in report.factors:
         sides = factor_sides(report, factor, partition)
-        for code, (minuend, subtrahend) in {"a": (sides["fedcme"], today["fedcme"]),
-                                            "b": (sides["fedcme"], sides["twin"]),
-                                            "c": (sides["fedcme"], sides["fedavg"]),
-                                            "d": (sides["fedcme"], today["fedrs"])}.items():
-            rows.append(Comparison(factor.name, code, minuend, subtrahend,
-                                   compare(entries_by_grid, minuend, subtrahend)))
+        pairs = {"a": (sides["fedcme"], today["fedcme"]),
+                 **{code: (sides["fedcme"], sides[other]) for code, other in baselines if other in sides}}
+        rows += [Comparison(factor.name, code, minuend, subtrahend, compare(entries_by_grid, minuend, subtrahend))
+                 for code, (minuend, subtrahend) in pairs.items()]
     return rows
 
 

@@ -4,9 +4,12 @@
 - A reading (not a setup factor) "helped" when, in the means over its seeds, a > 0 and b >= today's b
   (today's over the same seeds): FedCME gained and the exchange lost nothing. The readings that helped are
   combined at T=100 (:mod:`flows.report.combination`).
-- The paper's two claims (FedCME: Nie et al., arXiv:2307.08574), judged under today's readings and each
-  factor: FedCME best ((c) > 0 and (d) > 0 in the mean) and the exchange the main effect ((b) > 0 on every
-  seed).
+- The answer, under two rules, in the order they were written:
+  1. the study's first rule (FIRST_RULE, committed before any result): the exchange ahead of no exchange on
+     every seed ((b) > 0) while FedCME is ahead of FedAvg in the mean ((c) > 0);
+  2. the stricter rule added after results were in (SECOND_RULE): the paper's two claims (FedCME: Nie et
+     al., arXiv:2307.08574), FedCME best ((c) > 0 and (d) > 0 in the mean, (d) against the FedRS of the
+     same setup) and the exchange the main effect ((b) > 0 on every seed).
 
 Pure functions of the comparison rows; a run not there yet makes a verdict "pending", never an error.
 """
@@ -18,8 +21,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from flows.report.sensitivity import REFERENCE, Comparison, difference_text, find, points_text, table
+from flows.report.tables import MISSING_CELL
 from flows.report.seed_stats import MIN_SEEDS_FOR_P, PairedDifference, p_text
 
+FIRST_RULE = ("4f727db", "2026-12-05 20:11 UTC")  # commit and time the first rule was committed
+SECOND_RULE = ("d91dd6c", "2026-12-06 08:40 UTC")  # commit and time (d) > 0 was added to it
 MOVE_POINTS = 1.5  # percentage points on seed 0 that send a factor to seeds 1 and 2
 SCREEN = "n<3: a screen, not a demonstration"  # what a difference over fewer than MIN_SEEDS_FOR_P seeds is
 
@@ -99,16 +105,77 @@ def help_table(helps: Sequence[Help]) -> str:
                  numeric=(1, 2, 3))
 
 
+def _difference(rows: Sequence[Comparison], factor: str, code: str) -> PairedDifference | None:
+    """The factor's comparison `code`; None when it has no such row or the row's runs are missing."""
+    row = find(rows, factor, code)
+    return None if row is None else row.difference
+
+
 def exchange_helps(rows: Sequence[Comparison], factor: str) -> bool:
     """The exchange beat no exchange: (b) positive on every seed it has."""
-    b = find(rows, factor, "b").difference
+    b = _difference(rows, factor, "b")
     return b is not None and b.wins == b.n
 
 
+def fedcme_ahead_of_fedavg(rows: Sequence[Comparison], factor: str) -> bool:
+    """(c) positive in the mean."""
+    c = _difference(rows, factor, "c")
+    return c is not None and c.mean > 0
+
+
 def fedcme_best(rows: Sequence[Comparison], factor: str) -> bool:
-    """FedCME ahead of FedAvg and of FedRS: (c) and (d) positive in the mean."""
-    c, d = find(rows, factor, "c").difference, find(rows, factor, "d").difference
-    return c is not None and d is not None and c.mean > 0 and d.mean > 0
+    """FedCME ahead of FedAvg and of the same setup's FedRS: (c) and (d) positive in the mean."""
+    d = _difference(rows, factor, "d")
+    return fedcme_ahead_of_fedavg(rows, factor) and d is not None and d.mean > 0
+
+
+@dataclass(frozen=True)
+class RuleVerdict:
+    """One reading (or setup) under both rules: "yes", "no" or "pending" (a run of the rule missing)."""
+
+    factor: str
+    first: str
+    second: str
+
+
+def rule_verdicts(rows: Sequence[Comparison], factors: Sequence[str]) -> list[RuleVerdict]:
+    """Today's readings (REFERENCE) and each factor under the first rule ((b) > 0 on every seed and (c) > 0)
+    and the second ((b) > 0 on every seed, (c) > 0 and (d) > 0)."""
+    verdicts = []
+    for factor in (REFERENCE, *factors):
+        known = {code: _difference(rows, factor, code) is not None for code in "bcd"}
+        first = ("yes" if exchange_helps(rows, factor) and fedcme_ahead_of_fedavg(rows, factor) else "no") \
+            if known["b"] and known["c"] else "pending"
+        second = ("yes" if exchange_helps(rows, factor) and fedcme_best(rows, factor) else "no") \
+            if all(known.values()) else "pending"
+        verdicts.append(RuleVerdict(factor, first, second))
+    return verdicts
+
+
+def rules_table(rows: Sequence[Comparison], verdicts: Sequence[RuleVerdict]) -> str:
+    """Each reading's (b) seeds won, (c) and (d) means and its verdict under each rule."""
+    body = []
+    for verdict in verdicts:
+        b, c, d = (_difference(rows, verdict.factor, code) for code in "bcd")
+        body.append([verdict.factor, MISSING_CELL if b is None else f"{b.wins}/{b.n}",
+                     points_text(None if c is None else c.mean), points_text(None if d is None else d.mean),
+                     verdict.first, verdict.second])
+    return table(["Reading", "(b) > 0: seeds", "(c), mean (points)", "(d), mean (points)",
+                  f"First rule ({FIRST_RULE[0]})", f"Second rule ({SECOND_RULE[0]})"], body, numeric=(1, 2, 3))
+
+
+def first_rule_text(verdicts: Sequence[RuleVerdict]) -> str:
+    """The answer under the first rule, in one paragraph: the readings where it held, and those pending."""
+    measured = [v for v in verdicts if v.first != "pending"]
+    held = [v.factor for v in measured if v.first == "yes"]
+    pending = [v.factor for v in verdicts if v.first == "pending"]
+    text = (f"Under the first rule ({FIRST_RULE[0]}, committed {FIRST_RULE[1]}, before any result: the exchange "
+            "ahead of no exchange on every seed, (b) > 0, while FedCME is ahead of FedAvg in the mean, (c) > 0), "
+            f"the answer is yes under {len(held)} of the {len(measured)} readings with runs"
+            + (f": {', '.join(held)}." if held else "."))
+    if pending:
+        text += f" Still without the runs of (b) and (c): {', '.join(pending)}."
+    return text + "\n"
 
 
 def _caveat(difference: PairedDifference) -> str:
@@ -123,22 +190,25 @@ def answer_text(rows: Sequence[Comparison], factors: Sequence[str]) -> str:
     (b), (c) and (d): FedCME best (ahead of FedAvg and FedRS in the mean) and the exchange helping (ahead of
     no exchange on every seed); where both held, with their seeds and p; else that none did; what is missing."""
     candidates = [REFERENCE, *factors]
-    measured = [f for f in candidates if all(find(rows, f, code).difference is not None for code in "bcd")]
+    measured = [f for f in candidates if all(_difference(rows, f, code) is not None for code in "bcd")]
     pending = [f for f in factors if f not in measured]
+    heading = (f"Under the second rule ({SECOND_RULE[0]}, added {SECOND_RULE[1]}, after the first factors' runs "
+               "were in, to judge the paper's claim that FedCME is best: (d) > 0 against the FedRS of the same setup "
+               "as well): ")
     if not measured:
-        return "No factor has its runs yet, so nothing can be said.\n"
+        return heading + "no factor has its runs yet, so nothing can be said.\n"
     best = [f for f in measured if fedcme_best(rows, f)]
     exchange = [f for f in measured if exchange_helps(rows, f)]
     both = [f for f in best if f in exchange]
     if both:
         parts = []
         for f in both:
-            b, d = find(rows, f, "b").difference, find(rows, f, "d").difference
+            b, d = _difference(rows, f, "b"), _difference(rows, f, "d")
             parts.append(f"{f} (b on {b.wins}/{b.n} seeds, {_caveat(b)}; d {difference_text(d)}, {_caveat(d)})")
-        text = (f"Both claims held under {len(both)} of the {len(measured)} readings with runs (today's and the "
+        text = heading + (f"both claims held under {len(both)} of the {len(measured)} readings with runs (today's and the "
                 "factors): " + "; ".join(parts) + ".")
     else:
-        text = (f"No reading did: under none of the {len(measured)} readings with runs (today's and the factors) was "
+        text = heading + (f"no reading did: under none of the {len(measured)} readings with runs (today's and the factors) was "
                 "FedCME ahead of both FedAvg and FedRS ((c) > 0 and (d) > 0 in the mean) while the exchange beat no "
                 "exchange on every seed ((b) > 0).")
     text += (f" FedCME ahead of FedAvg and FedRS: {', '.join(best) or 'under none'}. The exchange ahead of no "
