@@ -48,7 +48,8 @@ def setting(config: ExperimentConfig) -> str:
     """`fmnist α=1.0 K10 M10`: the dataset, the partition and the federation's size."""
     partition = config.partition
     split = {"iid": "iid", "labels_per_client": f"#C={partition.labels_per_client}",
-             "lognormal_dirichlet": f"lognormal α={partition.alpha}"}.get(partition.method, f"α={partition.alpha}")
+             "lognormal_dirichlet": f"lognormal α={partition.alpha}",
+             "client_dirichlet": f"client-Dir α={partition.alpha}"}.get(partition.method, f"α={partition.alpha}")
     return (f"{config.data.dataset} {split} K{config.federation.num_clients} "
             f"M{config.federation.clients_per_round}")
 

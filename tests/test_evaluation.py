@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedcme_core.client.architectures import MODEL_INFERENCE_BATCH
+from fedcme_core.client.architectures import MODEL_INFERENCE_BATCH, MODEL_INPUT_SHAPES
 from fedcme_core.client.evaluation import INFERENCE_BATCH_SIZE, EvalResult, eval_mode, evaluate, torch_threads
 from fedcme_core.client.features import local_statistics
 from fedcme_core.client.models import build_model
@@ -80,7 +80,7 @@ def test_every_no_grad_pass_runs_at_the_models_own_batch_unless_told() -> None:
 def test_each_architecture_names_its_inference_batch(name: str) -> None:
     model = build_model(name, 10, projection_dim=None, seed=0)
     seen = batch_sizes_seen(model)
-    shape = (3, 32, 32) if name == "cifar_cnn" else (1, 28, 28)
+    shape = MODEL_INPUT_SHAPES[name]
     batch = MODEL_INFERENCE_BATCH[name]
 
     evaluate(model, torch.zeros(batch + 1, *shape), torch.zeros(batch + 1, dtype=torch.long), num_classes=10)

@@ -3,9 +3,10 @@
 ``training.channels_last: auto | true | false`` and ``training.precision: fp32 | bf16 | auto``.
 bf16 is autocast (``torch.autocast``) around the forward pass and the loss, on the CPU and on
 CUDA; weights, gradients, optimizer state, checkpoints and aggregation stay fp32. ``auto`` times
-a few training steps of every allowed candidate on the run's own model and batch shape (well
-under a second) and keeps the fastest; bf16 is a candidate only where the device has native
-bf16 arithmetic (oneDNN's check on the CPU: AVX512-BF16 or AMX; ``is_bf16_supported`` on CUDA).
+a few training steps of every allowed candidate on the run's own model and batch shape (fewer on
+a heavy model: CALIBRATION_SECONDS; BENCHMARKS.md, "Larger models", gives the cost) and keeps the
+fastest; bf16 is a candidate only where the device has native bf16 arithmetic (oneDNN's check on
+the CPU: AVX512-BF16 or AMX; ``is_bf16_supported`` on CUDA).
 
 The choice is part of what defines a run's results, so it is resolved once, when the run
 directory is made, and written there (``compute.json``): every step on every runner reads it,
@@ -34,6 +35,10 @@ from fedcme_core.common.locks import FileLock
 Precision = Literal["fp32", "bf16"]
 CALIBRATION_STEPS = 3  # timed training steps per candidate and repeat (after one warm-up step)
 CALIBRATION_REPEATS = 2  # candidates interleaved, the fastest repeat kept
+# A candidate's repeat stops early once its steps took this long (at least one step), so that a heavy
+# model (resnet18_gn on a CPU) calibrates in one step per candidate and repeat on its run's own batch,
+# rather than on a smaller batch whose fastest layout may differ.
+CALIBRATION_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -169,14 +174,19 @@ def _keep_first(path: Path, key: str, choice: ComputeChoice) -> ComputeChoice:
 
 
 def time_candidates(step, options: list[Compute]) -> dict[str, float]:
-    """Samples/s of each option, `step(option)` -> samples trained; interleaved, best repeat kept."""
+    """Samples/s of each option, `step(option)` -> samples trained; interleaved, best repeat kept.
+    A repeat is CALIBRATION_STEPS steps, fewer (at least one) once they took CALIBRATION_SECONDS."""
     best: dict[str, float] = {}
     for option in options[1:]:
         step(option)  # warm-up: oneDNN primitives and allocations (the first option's is done)
     for _ in range(CALIBRATION_REPEATS):
         for option in options:
             started = time.perf_counter()
-            samples = sum(step(option) for _ in range(CALIBRATION_STEPS))
+            samples = 0
+            for _ in range(CALIBRATION_STEPS):
+                samples += step(option)
+                if time.perf_counter() - started >= CALIBRATION_SECONDS:
+                    break
             rate = samples / max(time.perf_counter() - started, 1e-9)
             best[option.name] = max(best.get(option.name, 0.0), rate)
     return best

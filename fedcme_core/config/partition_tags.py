@@ -1,8 +1,8 @@
 """The partition dimension of a grid (``grid.partitions``): one tag per partition family member.
 
 - ``a<alpha>`` (``a0.1``, ``a1.0``): the base's Dirichlet-family partition (``base.partition.method``:
-  dirichlet, iid or lognormal_dirichlet) with ``partition.alpha = alpha``. The alpha is written as
-  Python writes the float (``a1.0``, not ``a1``), so one partition has one name.
+  dirichlet, iid, lognormal_dirichlet or client_dirichlet) with ``partition.alpha = alpha``. The alpha
+  is written as Python writes the float (``a1.0``, not ``a1``), so one partition has one name.
 - ``c<k>`` (``c2``): NIID-Bench's #C=k, ``partition.method: labels_per_client`` with k labels per client.
 
 A tag is part of file names (``fmnist-a0.1-k50-s0``, ``cifar10-c2-k10m10-fedavg-s0``) as written.
@@ -56,7 +56,8 @@ def check_tag_for_method(tag: str, base_method: str) -> None:
     """ValueError when an ``a`` tag meets a base partition method that reads no alpha (labels_per_client)."""
     if parse_partition_tag(tag).alpha is not None and base_method == LABELS_PER_CLIENT:
         raise ValueError(f"{tag!r} sets a Dirichlet alpha, but base.partition.method is {LABELS_PER_CLIENT}; "
-                         "write c<k>, or set base.partition.method to dirichlet, iid or lognormal_dirichlet")
+                         "write c<k>, or set base.partition.method to dirichlet, iid, lognormal_dirichlet or "
+                         "client_dirichlet")
 
 
 def partition_overrides(tag: str) -> dict[str, Any]:

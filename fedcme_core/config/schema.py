@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, model_validator
 from fedcme_core.algorithms import ALGORITHM_CONFIGS, ALGORITHM_NAMES, AlgorithmConfig
 from fedcme_core.algorithms.fedcme import FedCMEConfig
 from fedcme_core.algorithms.moon import MoonConfig
-from fedcme_core.client.architectures import MODEL_INPUT_SHAPES
+from fedcme_core.client.architectures import MODEL_INPUT_SHAPES, MODEL_NAMES, check_classifier_layers
 from fedcme_core.common.frozen import Frozen
 from fedcme_core.config.files import ConfigError, apply_overrides, read_yaml
 
@@ -60,9 +60,10 @@ class DataConfig(Frozen):
 
 class PartitionConfig(Frozen):
     """Label skew + quantity skew: NIID-Bench label-dir by default (SPEC.md, Data); or
-    NIID-Bench's #C=k (`labels_per_client`: each client holds exactly k labels)."""
+    NIID-Bench's #C=k (`labels_per_client`: each client holds exactly k labels); or Hsu et al.'s
+    per-client Dir(alpha * prior) (`client_dirichlet`; fedcme_core/data/partition.py lists them)."""
 
-    method: Literal["dirichlet", "iid", "lognormal_dirichlet", "labels_per_client"] = "dirichlet"
+    method: Literal["dirichlet", "iid", "lognormal_dirichlet", "labels_per_client", "client_dirichlet"] = "dirichlet"
     alpha: float = Field(0.1, gt=0)
     min_size: int = Field(10, ge=1)
     sigma: float = Field(0.3, gt=0)
@@ -126,9 +127,10 @@ class TrainingConfig(Frozen):
 
 
 class ModelConfig(Frozen):
-    name: Literal["fmnist_cnn", "cifar_cnn"] = "fmnist_cnn"
+    name: Literal[MODEL_NAMES] = "fmnist_cnn"  # type: ignore[valid-type] - the table's names (architectures.py)
     # The classifier phi: the last linear layer (1, SPEC.md) or the last two (2; "one or two linear
-    # layers" in the paper). The feature theta(x) is then the input of the first of them.
+    # layers" in the paper). The feature theta(x) is then the input of the first of them. A model
+    # with one linear layer (resnet18_gn) offers 1 only (checked with the dataset, below).
     classifier_layers: Literal[1, 2] = 1
     # MOON's projection head output size; None: 256 for MOON, no head for the others.
     projection_dim: int | None = Field(None, ge=1)
@@ -198,6 +200,7 @@ class ExperimentConfig(Frozen):
                 f"model.name: {self.model.name} expects inputs {expected_shape}, "
                 f"but data.dataset {self.data.dataset} gives {self.input_shape}"
             )
+        check_classifier_layers(self.model.name, self.model.classifier_layers)
         partition = self.partition
         if partition.method == "labels_per_client":
             if partition.labels_per_client > NUM_CLASSES:

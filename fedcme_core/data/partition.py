@@ -23,6 +23,11 @@ from one numpy Generator, ``numpy_rng(seed, "partition")``. Methods:
   sequence holding client k size_k times) **(choice)**; each draws a class from its prior
   renormalised over the classes that still have samples left and takes that class's next
   unused index (each class's indices are shuffled first) **(choice)**.
+* ``client_dirichlet`` (Hsu, Qi, Brown 2019, arXiv:1909.06335, :mod:`fedcme_core.data.client_dirichlet`):
+  equal client sizes (N // K, one more for the first N mod K clients), client k's label mix
+  q_k ~ Dir(alpha * p), p the labels' class distribution; clients are filled in order, each
+  sampling classes from q_k without replacement, q_k renormalised over the classes left once
+  one runs out. `min_size` cannot bind (N // K >= min_size whenever the arguments pass).
 
 Every client's indices are returned sorted ascending as int64. :mod:`fedcme_core.data.partition_file`
 keeps a partition with the parameters that made it, as a byte-reproducible ``.npz``.
@@ -36,6 +41,7 @@ from typing import Any, Literal
 import numpy as np
 
 from fedcme_core.common.seeding import numpy_rng
+from fedcme_core.data.client_dirichlet import client_dirichlet_partition
 from fedcme_core.data.labels import (
     PartitionError,
     check_arguments,
@@ -46,8 +52,9 @@ from fedcme_core.data.labels import (
 )
 from fedcme_core.data.lognormal import lognormal_dirichlet_partition
 
-PartitionMethod = Literal["dirichlet", "iid", "lognormal_dirichlet", "labels_per_client"]
-PARTITION_METHODS: tuple[str, ...] = ("dirichlet", "iid", "lognormal_dirichlet", "labels_per_client")
+PartitionMethod = Literal["dirichlet", "iid", "lognormal_dirichlet", "labels_per_client", "client_dirichlet"]
+PARTITION_METHODS: tuple[str, ...] = (
+    "dirichlet", "iid", "lognormal_dirichlet", "labels_per_client", "client_dirichlet")
 
 
 def dirichlet_label_partition(
@@ -147,8 +154,8 @@ def labels_per_client_partition(labels: np.ndarray, num_clients: int, labels_per
 
 @dataclass(frozen=True)
 class PartitionSpec:
-    """How a partition is drawn (see the module doc): `alpha` is read by dirichlet and
-    lognormal_dirichlet, `sigma` by lognormal_dirichlet, `labels_per_client` (k) by labels_per_client."""
+    """How a partition is drawn (see the module doc): `alpha` is read by dirichlet, lognormal_dirichlet
+    and client_dirichlet, `sigma` by lognormal_dirichlet, `labels_per_client` (k) by labels_per_client."""
 
     method: PartitionMethod
     num_clients: int
@@ -182,6 +189,8 @@ def partition_labels(labels: np.ndarray, spec: PartitionSpec) -> list[np.ndarray
         return iid_partition(len(labels), spec.num_clients, spec.seed)
     if spec.method == "lognormal_dirichlet":
         return lognormal_dirichlet_partition(labels, spec.num_clients, spec.alpha, spec.sigma, spec.seed, spec.min_size)
+    if spec.method == "client_dirichlet":
+        return client_dirichlet_partition(labels, spec.num_clients, spec.alpha, spec.seed, spec.min_size)
     raise PartitionError(f"method={spec.method!r} must be one of {', '.join(PARTITION_METHODS)}")
 
 
