@@ -39,6 +39,7 @@ ROLE_STYLES = {
     "strong_twin": ("FedCME(0.1)'s no-exchange twin", "tab:orange", "--"),
     "today_strong": ("FedCME(0.1), today's readings", "tab:cyan", "-."),
     "fedrs": ("FedRS (this setup)", "tab:gray", (0, (6, 2))),
+    "fedprox": ("FedProx (this setup)", "tab:green", (0, (2, 2))),
 }
 LEGEND_COLUMNS = 5
 
