@@ -82,6 +82,9 @@ def test_repro_creates_every_declared_output(pipeline):
     assert all(",dirichlet(0.5),0.5,100,2," in line for line in summary[1:])  # what trained each row
     about = json.loads((workdir / "metrics" / "about" / f"{EXPERIMENTS[0]}.json").read_text())
     assert (about["partition"], about["alpha"], about["setting"]) == ("a0.5", 0.5, "FMNIST α=0.5 K=100 M=2")
+    # What computed it, in the about record and every row of the summary.
+    assert about["device"] == "cpu" and about["compute"].split("+")[1] in ("fp32", "bf16") and about["machine"]
+    assert all(line.endswith(f",{about['compute']},cpu,{about['machine']}") for line in summary[1:])
     matching = json.loads((workdir / "metrics" / "matching" / f"{EXPERIMENTS[1]}.json").read_text())
     assert [record["round"] for record in matching["rounds"]] == [1, 2]
     assert len(matching["class_counts"]) == 100 and matching["seed"] == 0

@@ -17,6 +17,7 @@ from flows.report.tables import (
     where_fedcme_does_not_win,
 )
 from flows.report.build import cell_columns
+from flows.report.build import compute_description
 from flows.report.seed_stats import ACCURACY_KEYS, CSV_COLUMNS, PairedDifference, SeedStats, p_text, summary_csv
 from flows.names import experiment_name
 from fedcme_core.config.params import params_from_dict
@@ -148,6 +149,23 @@ def test_summary_csv_has_one_row_per_experiment_with_the_named_columns():
     assert float(first["final_accuracy"]) == 0.5 and float(first["accuracy_at_2T5"]) == 0.35
     assert (first["alpha"], first["num_clients"], first["clients_per_round"], first["rounds"]) == ("0.1", "50", "20", "10")
     assert first["partition"] == first["classifier_layers"] == first["align_loss"] == ""  # no grid file's configs given
+    assert first["compute"] == first["device"] == first["machine"] == ""  # not recorded by these entries
+
+
+def test_summary_csv_and_report_name_the_compute_each_run_records():
+    entries = grid_entries()
+    entries[0] = {**entries[0], "compute": "channels_last+fp32", "device": "cpu", "machine": "Intel Xeon"}
+    entries[1] = {**entries[1], "compute": "channels_last+fp32", "device": "cpu", "machine": "Intel Xeon"}
+
+    rows = {row["experiment"] if "experiment" in row else i: row
+            for i, row in enumerate(csv.DictReader(io.StringIO(summary_csv(entries, "default"))))}
+    recorded = [row for row in rows.values() if row["compute"]]
+
+    assert [(row["compute"], row["device"], row["machine"]) for row in recorded] == [
+        ("channels_last+fp32", "cpu", "Intel Xeon")] * 2
+    assert compute_description(entries) == (
+        "Computed with (layout and precision, device, machine): channels_last+fp32 on cpu (Intel Xeon): 2 runs; "
+        "not recorded in the run (see the grid's NOTE): 6 runs.\n")
 
 
 def test_summary_csv_says_what_trained_each_row_from_the_grid_files_cell_configs():

@@ -45,6 +45,7 @@ from flows.names import experiment_name, partition_name
 checkpoints = lazy_module("fedcme_core.common.checkpoints")
 matching = lazy_module("fedcme_core.server.matching")
 rounds = lazy_module("fedcme_core.rounds")
+models = lazy_module("fedcme_core.client.models")
 run_lock = lazy_module("fedcme_core.rounds.lock")
 
 PARAMS = "params.yaml"
@@ -160,6 +161,7 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
         run_training(config, experiment, runs_dir=arguments.runs_dir, partition_file=str(partition_file),
                      method_label=params.label(arguments.method), grid=params.report.name)
         final_state = rounds.load_server_state(run_dir, rounds.completed_rounds(run_dir))
+        choice = rounds.run_compute_choice(run_dir)
     history = final_state["history"][: config.federation.rounds]
     identity = {
         "experiment": experiment,
@@ -178,6 +180,10 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
         "num_clients": arguments.clients,
         "clients_per_round": arguments.per_round,
         "local_epochs": config.training.local_epochs,
+        # What computed it, for every table made from it: layout and precision, device, machine.
+        "compute": choice.compute.name,
+        "device": str(models.resolve_device(config.device)),
+        "machine": choice.machine,
     }
     counts = json.loads((partition_file.parent / "class_counts.json").read_text(encoding="utf-8"))["class_counts"]
     similarity = {**identity, "class_counts": counts, "rounds": matching.matching_similarity(history)}

@@ -76,6 +76,18 @@ def seeds_description(entries: Sequence[Mapping[str, Any]]) -> str:
     return f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} ({', '.join(map(str, seeds))})"
 
 
+def compute_description(entries: Sequence[Mapping[str, Any]]) -> str:
+    """"Computed with: channels_last+fp32 on cpu (Intel Xeon): 12 runs; ..." from the runs' about records, and
+    how many runs do not record it (published before 2026-12-07: their grid's NOTE says what computed them)."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        key = (f"{entry['compute']} on {entry.get('device', '?')} ({entry.get('machine') or 'machine not recorded'})"
+               if entry.get("compute") else "not recorded in the run (see the grid's NOTE)")
+        counts[key] = counts.get(key, 0) + 1
+    runs = "; ".join(f"{key}: {count} run{'s' if count != 1 else ''}" for key, count in counts.items())
+    return f"Computed with (layout and precision, device, machine): {runs}.\n"
+
+
 def report_markdown(
     entries: Sequence[Mapping[str, Any]],
     *,
@@ -106,6 +118,7 @@ def report_markdown(
             f"Accuracies in percent, the best mean of each column in bold, – = not run. "
             f"Paper: FedCME, Nie et al., arXiv:2307.08574.\n"
         ),
+        compute_description(entries),
         "## Final test accuracy (Table II form)\n",
         accuracy_table(main_entries, "final_accuracy"),
     ]

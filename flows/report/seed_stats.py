@@ -32,10 +32,13 @@ ACCURACY_KEYS = {"final_accuracy": "final_accuracy", "best_accuracy": "best_accu
                  "accuracy_at_2T5": "accuracy_at/2/5"}
 # FedCME's open readings (SPEC.md): empty in the rows of other algorithms.
 FEDCME_READINGS = ("align_loss", "align_reduction", "exchange_optimizer", "feature_weights")
-CONFIG_COLUMNS = ("partition", "classifier_layers", "augment", *FEDCME_READINGS)
+CONFIG_COLUMNS = ("partition", "model", "lr", "batch_size", "classifier_layers", "augment", *FEDCME_READINGS)
+# What computed each run (its metrics' about record; empty for runs published before 2026-12-07, whose
+# compute is in their grid's NOTE): the layout and precision, the device, the machine.
+COMPUTE_COLUMNS = ("compute", "device", "machine")
 CSV_COLUMNS = (
     "grid", "method", "label", "dataset", "partition", "alpha", "num_clients", "clients_per_round", "local_epochs",
-    *CONFIG_COLUMNS[1:], "rounds", "seed", *ACCURACY_KEYS,
+    *CONFIG_COLUMNS[1:], "rounds", "seed", *ACCURACY_KEYS, *COMPUTE_COLUMNS,
 )
 
 
@@ -150,10 +153,13 @@ def fraction_text(value: float | None) -> str:
 
 def config_columns(config: Any) -> dict[str, str]:
     """The CONFIG_COLUMNS of a validated experiment config: "dirichlet(0.1)" / "labels_per_client(2)",
-    model.classifier_layers, the effective augmentation, FedCME's readings (empty for other algorithms)."""
+    model.name, training.lr and batch_size, model.classifier_layers, the effective augmentation, FedCME's readings (empty for other algorithms)."""
     fedcme = config.algorithm.name == "fedcme"
     return {
         "partition": partition_description(config.partition),
+        "model": config.model.name,
+        "lr": str(config.training.lr),
+        "batch_size": str(config.training.batch_size),
         "classifier_layers": str(config.model.classifier_layers),
         "augment": config.augmentation,
         **{key: str(getattr(config.algorithm, key)) if fedcme else "" for key in FEDCME_READINGS},
@@ -178,5 +184,6 @@ def summary_csv(entries: Sequence[Mapping[str, Any]], grid: str,
             "" if entry["alpha"] is None else entry["alpha"], entry["num_clients"], entry["clients_per_round"],
             entry["local_epochs"], *(trained.get(key, "") for key in CONFIG_COLUMNS[1:]), entry["rounds"],
             entry["seed"], *(fraction_text(value_of(entry, key)) for key in ACCURACY_KEYS.values()),
+            *(entry.get(key, "") for key in COMPUTE_COLUMNS),
         ])
     return buffer.getvalue()
