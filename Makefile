@@ -38,7 +38,7 @@ run: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m flows.pipeline.repro
 	@echo "Report:       reports/results.md and reports/figures/accuracy.png"
 	@echo "Compare runs: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1  (http://127.0.0.1:5000)"
-	@echo "Prefect UI:   $(VENV)/bin/prefect server start --host 127.0.0.1  (http://127.0.0.1:4200; see README)"
+	@echo "Prefect UI:   $(VENV)/bin/prefect server start --host 127.0.0.1  (http://127.0.0.1:4200; docs/orchestration.md, \"Prefect's UI and schedules\")"
 
 train: install
 	$(VENV)/bin/fedcme train --config $(CONFIG) --experiment $(EXPERIMENT)

@@ -7,8 +7,11 @@ and of the ablation must be listed with a numeric final accuracy, no metric may 
 and settings live in metrics/about/), `reports/summary/<method>.json` must give every method's final
 accuracy, `reports/results.md` (naming every method), `reports/figures/accuracy.png` (and
 `accuracy-ablation.png` where the grid has ablation runs) must exist, and `reports/results.csv` must
-hold one row per experiment. One line per problem on stderr and exit
-status 1; a one-line summary and 0 when all is there. `.ci/run` runs it after `make run`.
+hold one row per experiment. With `--against-readme`, each method's mean final accuracy
+(`reports/summary/<method>.json`) must also be within TOLERANCE_POINTS of the README's published table
+of the default grid: the grid pins fp32, and fp32 kernels differ between CPUs only in the last digits,
+which drift a little over 15 rounds. One line per problem on stderr and exit status 1; a one-line
+summary and 0 when all is there. `.ci/run` runs it after `make run`, against the README.
 """
 
 from __future__ import annotations
@@ -29,6 +32,43 @@ FIGURE = Path("reports/figures/accuracy.png")
 ABLATION_FIGURE = Path("reports/figures/accuracy-ablation.png")
 SUMMARY = Path("reports/results.csv")
 SUMMARY_METRICS = Path("reports/summary")
+README = Path("README.md")
+README_TABLE = "| Method (FMNIST"  # the first cell of the header of the README's table of the default grid
+TOLERANCE_POINTS = 0.5
+
+
+def readme_table(text: str) -> dict[str, float]:
+    """{method label: mean final accuracy in percent} of the README's table of the default grid (its rows
+    "| FedAvg | 72.06 ± 0.32 | ... |", bold allowed); {} when the README has no such table."""
+    lines = text.splitlines()
+    start = next((index for index, line in enumerate(lines) if line.startswith(README_TABLE)), None)
+    if start is None:
+        return {}
+    table: dict[str, float] = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip().strip("*") for cell in line.strip("|").split("|")]
+        table[cells[0]] = float(cells[1].split("±")[0])
+    return table
+
+
+def readme_problems(params, metrics: dict[str, dict], readme: str) -> list[str]:
+    """Where a method's mean final accuracy is more than TOLERANCE_POINTS from the README's table, or the
+    table lacks it, one line each (in percentage points)."""
+    published = readme_table(readme)
+    if not published:
+        return [f"{README}: no table starting {README_TABLE!r} to compare with"]
+    found = []
+    for method in params.grid.methods:
+        label = params.label(method)
+        accuracy = metrics.get(f"{SUMMARY_METRICS}/{method}.json", {}).get("final_accuracy")
+        if label not in published:
+            found.append(f"{README}: its table has no row for {label}")
+        elif isinstance(accuracy, (int, float)) and abs(100.0 * accuracy - published[label]) > TOLERANCE_POINTS:
+            found.append(f"{SUMMARY_METRICS}/{method}.json: {label} {100.0 * accuracy:.2f}% is more than "
+                         f"{TOLERANCE_POINTS} points from the README's {published[label]:.2f}%")
+    return found
 
 
 def flat(values: dict, prefix: str = "") -> dict:
@@ -52,7 +92,7 @@ def dvc_metrics() -> dict[str, dict]:
     return files
 
 
-def problems(params_path: str) -> tuple[list[str], int]:
+def problems(params_path: str, against_readme: bool = False) -> tuple[list[str], int]:
     params = load_params(params_path)
     metrics = dvc_metrics()
     found: list[str] = []
@@ -82,20 +122,26 @@ def problems(params_path: str) -> tuple[list[str], int]:
         found.append(f"{SUMMARY}: missing")
     elif len(rows) != len(cells):
         found.append(f"{SUMMARY}: {len(rows)} experiment rows, the grid has {len(cells)}")
+    if against_readme:
+        found += readme_problems(params, metrics, README.read_text(encoding="utf-8") if README.is_file() else "")
     return found, len(cells)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/check_run.py", description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--against-readme", action="store_true",
+                        help=f"also compare each method's mean final accuracy with the README's table "
+                             f"(within {TOLERANCE_POINTS} points)")
     arguments = parser.parse_args(argv)
-    found, experiments = problems(arguments.params)
+    found, experiments = problems(arguments.params, arguments.against_readme)
     for problem in found:
         print(f"check_run: {problem}", file=sys.stderr)
     if found:
         return 1
     print(f"check_run: {arguments.params}: all {experiments} experiments listed by `dvc metrics show`, "
-          f"{REPORT}, {SUMMARY} and {FIGURE} written")
+          f"{REPORT}, {SUMMARY} and {FIGURE} written"
+          + (f"; every method within {TOLERANCE_POINTS} points of {README}'s table" if arguments.against_readme else ""))
     return 0
 
 
