@@ -9,7 +9,13 @@ experiment not finished), lost and duplicated MLflow steps (steps 1..T exactly o
 experiment, over all its MLflow runs), processes left behind, and final models equal bit for bit
 to those of uninterrupted runs (`fedcme simulate` on one thread, as the runners train).
 
-    .venv/bin/python bench/concurrency_soak.py [--repeats 20] [--quick] [--seed 0]
+Then the held-lock phase (:func:`held_lock_phase`, alone with ``--held-lock-only``): one `fedcme
+train` while another process holds its MLflow sqlite store's write lock for ``--held-lock-seconds``
+(200) from its 30th round on. Measured side by side in that one run: the wall time between round
+lines before, during and after the hold, the console lines the hold cost, and whether the printed
+`fedcme sync` command, run as printed once the store is free, leaves every step logged once.
+
+    .venv/bin/python bench/concurrency_soak.py [--repeats 20] [--quick] [--seed 0] [--held-lock-only]
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -154,15 +162,104 @@ def one_repeat(index: int, scratch: Path, rng: random.Random, references: dict[s
             "killed": runners[killed][0] if killed else None, "seconds": time.monotonic() - started}
 
 
+HELD_AFTER_ROUNDS = 30  # rounds before the hold begins, and rounds measured after it ends
+
+
+def intervals(times: list[tuple[float, int]], start: float, end: float) -> list[float]:
+    """The wall seconds between consecutive round lines that both arrived within [start, end)."""
+    inside = [at for at, _ in times if start <= at < end]
+    return [later - earlier for earlier, later in zip(inside, inside[1:])]
+
+
+def pace(gaps: list[float]) -> dict:
+    return {"rounds": len(gaps), "median_seconds": round(statistics.median(gaps), 3) if gaps else None,
+            "max_seconds": round(max(gaps), 3) if gaps else None}
+
+
+def held_lock_phase(scratch: Path, hold: float) -> dict:
+    """One `fedcme train` whose MLflow store is write-locked by this process for `hold` seconds from its
+    30th round; the run is stopped (Ctrl-C) 30 rounds after the release, and its printed sync run."""
+    folder = scratch / "held-lock"
+    folder.mkdir()
+    (folder / "soak.yaml").write_text(yaml.safe_dump({**CONFIG, "federation": {**CONFIG["federation"], "rounds": 100_000}}))
+    environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    environment.update(PREFECT_HOME=str(folder / "prefect-home"), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    database = folder / "mlflow.db"
+    command = [sys.executable, "-m", "flows.cli", "train", "--config", str(folder / "soak.yaml"), "--experiment", "lk",
+               "--runs-dir", str(folder / "runs"), "--tracking-uri", f"sqlite:///{database}"]
+    with (folder / "train.err").open("w") as err:
+        process = subprocess.Popen(command, cwd=folder, env=environment, stdout=subprocess.PIPE, stderr=err, text=True)
+    times: list[tuple[float, int]] = []
+    window: dict[str, float] = {}
+    stderr_lines: list[str] | None = None  # the console's lines before the Ctrl-C
+
+    def hold_lock() -> None:
+        connection = sqlite3.connect(database, isolation_level=None, timeout=120)
+        connection.execute("begin exclusive")
+        window["held"] = time.monotonic()
+        time.sleep(hold)
+        connection.execute("commit")
+        connection.close()
+        window["released"] = time.monotonic()
+
+    holder = threading.Thread(target=hold_lock, daemon=True)
+    console: list[list] = []  # [seconds after the hold began, the line], seen at the next round line
+    for line in process.stdout:
+        if line.startswith("round "):
+            times.append((time.monotonic(), int(line.split()[1].split("/")[0])))
+            written = (folder / "train.err").read_text(errors="replace").strip().splitlines()
+            console += [[round(time.monotonic() - window.get("held", time.monotonic()), 1), text[:120]]
+                        for text in written[len(console):]]
+            if len(times) == HELD_AFTER_ROUNDS:
+                holder.start()
+            if "released" in window and sum(at > window["released"] for at, _ in times) > HELD_AFTER_ROUNDS:
+                stderr_lines = (folder / "train.err").read_text(errors="replace").strip().splitlines()
+                process.send_signal(signal.SIGINT)  # enough rounds after the hold: Ctrl-C (it resumes later)
+                break
+    process.wait(timeout=300)
+    holder.join()
+    if stderr_lines is None:  # the run ended on its own, before the phase stopped it
+        stderr_lines = (folder / "train.err").read_text(errors="replace").strip().splitlines()
+    if "released" not in window:
+        raise RuntimeError(f"the run ended before the hold was over: {stderr_lines[-3:]}")
+    hints = [line.rsplit("`", 2)[1] for line in stderr_lines if "fedcme sync" in line and line.endswith("`")]
+    synced = subprocess.run(hints[0], shell=True, cwd=scratch, env=environment, capture_output=True, text=True,
+                            timeout=600) if hints else None
+    steps = mlflow_steps(f"sqlite:///{database}")[0].get("lk", [])
+    committed = max(number for _, number in times)
+    return {
+        "hold_seconds": hold, "held_after_round": HELD_AFTER_ROUNDS,
+        "before": pace(intervals(times, 0.0, window["held"])),
+        "during": pace(intervals(times, window["held"], window["released"])),
+        "after": pace(intervals(times, window["released"], float("inf"))),
+        "console_lines_during_run": stderr_lines, "console_lines_seconds_after_hold": console, "tracebacks": sum("Traceback" in line for line in stderr_lines),
+        "sync_hint": hints[0] if hints else None,
+        "sync_exit": None if synced is None else synced.returncode,
+        "sync_stderr_lines": None if synced is None else len(synced.stderr.strip().splitlines()),
+        "steps_logged_once": sorted(steps) == list(range(1, len(steps) + 1)) and len(steps) >= committed,
+        "rounds_committed": committed, "steps_logged": len(steps),
+    }
+
+
 def main() -> None:
     parser = common.parser(__doc__)  # its --repeats: the repeats of the pattern (default 20)
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments and victims")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (its path is printed)")
+    parser.add_argument("--held-lock-seconds", type=float, default=None,
+                        help="how long the held-lock phase holds the store's write lock (200; 20 with --quick)")
+    parser.add_argument("--held-lock-only", action="store_true", help="run the held-lock phase only")
     arguments = parser.parse_args()
     repeats = 1 if arguments.quick else arguments.repeats or 20
     common.quiet_environment()
     rng = random.Random(arguments.seed)
     scratch = Path(tempfile.mkdtemp(prefix="fedcme-bench-concurrency-"))
+    hold = arguments.held_lock_seconds or (20.0 if arguments.quick else 200.0)
+    if arguments.held_lock_only:
+        common.emit("concurrency_held_lock", {**held_lock_phase(scratch, hold), "cpu": common_cpu()},
+                    arguments.results, quick=arguments.quick)
+        if not arguments.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
     started = time.perf_counter()
     references = reference_models(scratch)
     results = []
@@ -191,6 +288,8 @@ def main() -> None:
         "wall_seconds": round(time.perf_counter() - started, 1),
         "cpu": common_cpu(),
     }, arguments.results, quick=arguments.quick)
+    common.emit("concurrency_held_lock", {**held_lock_phase(scratch, hold), "cpu": common_cpu()}, arguments.results,
+                quick=arguments.quick)
     if arguments.keep:
         print(f"# kept {scratch}", file=sys.stderr)
     else:

@@ -47,6 +47,7 @@ import torch
 
 from fedcme_core import rounds
 from fedcme_core.config.schema import config_from_dict
+from fedcme_core.client.compute import Compute
 from fedcme_core.client.models import build_model
 from fedcme_core.data.partition_file import load_partition
 from local_training import bare_loop
@@ -80,7 +81,7 @@ def bare_client(config, run_dir: str, client: int) -> dict:
     model.load_state_dict(rounds.shared_server_state(Path(run_dir), 0)["model"])  # w^0, as our step starts
     started = time.perf_counter()
     for _ in range(config.training.local_epochs):
-        bare_loop(model, inputs, labels, config.training.batch_size, config.training)
+        bare_loop(model, inputs, labels, config.training.batch_size, config.training, Compute())  # NCHW fp32
     model.eval()
     with torch.no_grad():
         for start in range(0, labels.shape[0], 128):

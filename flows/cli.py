@@ -85,24 +85,27 @@ def simulate_held(arguments: argparse.Namespace, config, run_dir) -> int:
 
 
 def train(arguments: argparse.Namespace) -> int:
+    """Validate the config, take the run directory, then start Prefect and train (flows.train).
+
+    The config (a whole params file, grid included) is validated first (0.3 s, no torch), so a typo
+    starts nothing; the run directory's lock comes next (no torch either,
+    ``fedcme_core.common.run_lock``), so a second command on a run in use is refused in its first
+    second, before any start-up. With no Prefect API configured, Prefect's temporary server starts
+    then and boots on the other core while this process imports torch, MLflow and the flow."""
+    from fedcme_core.common.run_lock import experiment_run_dir, hold_run
     from fedcme_core.config import load_config
 
     from flows.prefect_server import run_against_prefect
 
-    # The config (a whole params file, grid included) is validated first (0.3 s, no torch), so a
-    # typo starts nothing. With no Prefect API configured, Prefect's temporary server starts next
-    # and boots on the other core while this process imports torch, MLflow and the flow below.
     overrides = dict(arguments.overrides)
     if arguments.register_model is not None:  # validated with the config: a bad name is one line
         overrides["tracking.register_model"] = arguments.register_model
     config = load_config(arguments.config, overrides=overrides)
+    run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
 
     def action(ready: Callable[[], None]) -> dict[str, Any]:
-        from fedcme_core.rounds import check_experiment_name
-
         from flows.train import run_training
 
-        check_experiment_name(arguments.experiment)
         return run_training(
             config,
             arguments.experiment,
@@ -113,7 +116,8 @@ def train(arguments: argparse.Namespace) -> int:
             mlflow_experiment=arguments.mlflow_experiment,
         )
 
-    summary = run_against_prefect(action, "this run")
+    with hold_run(run_dir, tidy=True):  # a bad input found by the checks leaves no lock file behind
+        summary = run_against_prefect(action, "this run")
     print(json.dumps(summary))
     return 0
 
@@ -226,11 +230,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(arguments: argparse.Namespace) -> int:
-    """Check the experiment name (it becomes a folder under --runs-dir), then run the command.
-
-    `train` checks it itself, after starting Prefect's server (see `train`)."""
-    if arguments.command not in ("train", "check"):
-        from fedcme_core.rounds import check_experiment_name
+    """Check the experiment name (it becomes a folder under --runs-dir), then run the command."""
+    if arguments.command != "check":
+        from fedcme_core.common.run_lock import check_experiment_name
 
         check_experiment_name(arguments.experiment)
     return arguments.handler(arguments)

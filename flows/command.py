@@ -5,6 +5,7 @@ prompt exit once the work is done.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -32,6 +33,7 @@ def quiet_environment() -> None:
 def known_errors() -> tuple[type[Exception], ...]:
     """Bad input and unusable services: reported as one line, without a traceback."""
     from fedcme_core.common.checkpoints import CheckpointError
+    from fedcme_core.common.errors import StorageError
     from fedcme_core.config.schema import ConfigError
     from fedcme_core.data.datasets import DataError
     from fedcme_core.server.faults import RoundError
@@ -41,7 +43,37 @@ def known_errors() -> tuple[type[Exception], ...]:
     from flows.errors import OrchestratorError, TrackingError
 
     return (ConfigError, DataError, PartitionError, CheckpointError, RunError, RoundError, TrackingError,
-            OrchestratorError)
+            OrchestratorError, StorageError)
+
+
+class ProjectErrorFilter(logging.Filter):
+    """Keeps off a console handler the ERROR records of Prefect's flow and task runs that are about an
+    error the project raises itself (:func:`known_errors`) or the machine's (a full or read-only disk,
+    ``fedcme_core.common.errors.machine_error``): the command reports it in one line, and
+    Prefect's own log of it, traceback included, stays in Prefect's UI (its API handler is the
+    run loggers' own, which this filter does not touch)."""
+
+    RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.name.startswith(self.RUN_LOGGERS):
+            return True
+        from fedcme_core.common.errors import MACHINE_ERRNOS, machine_error
+
+        errors = known_errors()
+        if record.exc_info and (isinstance(record.exc_info[1], errors) or machine_error(record.exc_info[1])):
+            return False
+        message = record.getMessage()
+        return not (any(f"{error.__name__}(" in message or f"{error.__name__}:" in message for error in errors)
+                    or any(f"[Errno {code}]" in message for code in MACHINE_ERRNOS))
+
+
+def keep_project_errors_off_the_console() -> None:
+    """Add :class:`ProjectErrorFilter` to the console handlers Prefect's logging set up (the root
+    logger's), once; call it after Prefect is imported, before a flow runs."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(existing, ProjectErrorFilter) for existing in handler.filters):
+            handler.addFilter(ProjectErrorFilter())
 
 
 def check_device(setting: str) -> None:
@@ -56,7 +88,8 @@ def check_device(setting: str) -> None:
 
 
 def report_errors(action: Callable[[], int]) -> int:
-    """Run `action`; a known bad input becomes one line on stderr and exit status 2.
+    """Run `action`; a known bad input, or a disk's fault (full, read-only), becomes one line on stderr
+    and exit status 2.
 
     The error classes are imported only when something fails, so that a command's first
     step (starting Prefect's server, for `train`) comes before torch is imported.
@@ -67,6 +100,10 @@ def report_errors(action: Callable[[], int]) -> int:
         print("fedcme: interrupted; run the same command again to resume from the last completed round", file=sys.stderr)
         return 130
     except Exception as error:
+        from fedcme_core.common.errors import machine_error
+
+        if not isinstance(error, known_errors()):
+            error = machine_error(error) or error  # a disk's fault met outside the run's own writes
         if not isinstance(error, known_errors()):
             raise
         print(f"fedcme: error: {error}", file=sys.stderr)

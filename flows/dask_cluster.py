@@ -11,7 +11,13 @@ variables (``OMP_NUM_THREADS=1`` and the like) stay.
 
 With ``runner.dask_address`` the workers are someone else's processes, possibly on other
 machines: :func:`probe_workers` asks each, before the run starts, whether it runs the same
-fedcme code, sees the run directory and can load the run's data, and names the first that cannot.
+fedcme code, sees the run directory, can load the run's data and has the configured device (CUDA
+is probed on the workers, not on the driver), and names the first that cannot; :func:`one_device`
+refuses workers that resolve ``device`` differently.
+
+With ``device: cuda`` a local cluster starts the workers that :func:`gpu_worker_environments`
+lays out: one per visible GPU unless ``runner.workers`` says otherwise, each pinned to its GPU by
+CUDA_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 import dask
 from distributed import LocalCluster
 
+from fedcme_core.client.device_flags import WORKSPACE
 from flows.errors import OrchestratorError
 
 PACKAGES = ("fedcme_core", "flows")
@@ -31,10 +38,63 @@ PACKAGES = ("fedcme_core", "flows")
 WORKER_ENVIRONMENT = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
 
 
-def local_cluster(**cluster_kwargs: Any) -> LocalCluster:
-    """A ``distributed.LocalCluster(**cluster_kwargs)`` whose worker processes keep glibc's malloc defaults."""
+def local_cluster(worker_environments: list[dict[str, str]] | None = None, **cluster_kwargs: Any) -> LocalCluster:
+    """A ``distributed.LocalCluster(**cluster_kwargs)`` whose worker processes keep glibc's malloc defaults.
+
+    `worker_environments` (:func:`gpu_worker_environments`): one worker process per entry, each
+    with that entry in its environment (its CUDA_VISIBLE_DEVICES); ``n_workers`` is then theirs."""
     with dask.config.set(WORKER_ENVIRONMENT):
-        return LocalCluster(**cluster_kwargs)
+        if not worker_environments:
+            return LocalCluster(**cluster_kwargs)
+        cluster = LocalCluster(**{**cluster_kwargs, "n_workers": 0})
+        for environment in worker_environments:
+            ((name, spec),) = cluster.new_worker_spec().items()
+            options = dict(spec["options"])
+            options["env"] = {**options.get("env", {}), **environment}
+            cluster.worker_spec[name] = {**spec, "options": options}
+        cluster.sync(cluster._correct_state)
+        cluster.wait_for_workers(len(worker_environments))
+        return cluster
+
+
+def gpu_worker_environments(gpu_count: int, workers: int | None = None,
+                            visible: str | None = None) -> list[dict[str, str]]:
+    """The environment of each local Dask worker of a run with ``device: cuda``: `workers` of them
+    (None: one per visible GPU), worker i pinned to GPU i mod `gpu_count` through
+    CUDA_VISIBLE_DEVICES (the ids of `visible`, this process's CUDA_VISIBLE_DEVICES, when set), and
+    CUBLAS_WORKSPACE_CONFIG set before the worker's cuBLAS first runs. One worker per GPU holds one
+    CUDA context and one copy of the training set per GPU; more share their GPU."""
+    if gpu_count < 1:
+        raise OrchestratorError("device: cuda with the dask runner, but this machine has no visible GPU")
+    ids = [part.strip() for part in visible.split(",") if part.strip()] if visible else []
+    ids = (ids or [str(index) for index in range(gpu_count)])[:gpu_count]
+    return [{"CUDA_VISIBLE_DEVICES": ids[index % len(ids)], "CUBLAS_WORKSPACE_CONFIG": WORKSPACE}
+            for index in range(workers or len(ids))]
+
+
+def worker_device(setting: str) -> str:
+    """On a Dask worker: the device type `setting` resolves to there ("cpu" or "cuda"), or why it cannot."""
+    from fedcme_core.client.models import resolve_device
+
+    try:
+        return resolve_device(setting).type
+    except ValueError as error:
+        return f"error: {error}"
+
+
+def one_device(answers: dict[str, str], setting: str) -> str:
+    """The device every worker resolves `setting` to (so that a round never mixes devices); raises
+    OrchestratorError naming the first worker that cannot, or two workers that differ."""
+    for worker, answer in sorted(answers.items()):
+        if answer.startswith("error: "):
+            raise OrchestratorError(f"Dask worker {worker}: {answer[len('error: '):]}")
+    devices = {answer: worker for worker, answer in sorted(answers.items(), reverse=True)}
+    if len(devices) > 1:
+        (first, one), (second, other) = sorted(devices.items())[:2]
+        raise OrchestratorError(f"Dask workers resolve device: {setting} differently ({one}: {first}, {other}: "
+                                f"{second}); a round must not mix devices: set device: cpu or cuda, or use "
+                                "workers of one kind")
+    return next(iter(devices))
 
 
 def code_digest() -> str:
@@ -61,6 +121,9 @@ def worker_problem(marker: str, config_values: dict[str, Any], digest: str) -> s
     from fedcme_core.rounds import load_experiment_dataset
 
     config = config_from_dict(config_values)
+    device = worker_device(config.device)
+    if device.startswith("error: "):  # device: cuda on a worker without a GPU
+        return f"{device[len('error: '):]} on this worker"
     try:
         load_experiment_dataset(config.data, config.seed)
     except Exception as error:  # the worker's own reason, whatever it is, for the one line

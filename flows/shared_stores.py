@@ -22,7 +22,7 @@ from typing import TypeVar
 from fedcme_core.common.locks import FileLock
 
 T = TypeVar("T")
-BUSY_ATTEMPTS = 6  # with sqlite's own 5 s wait per attempt and the pauses: about a minute in all
+BUSY_ATTEMPTS = 6  # with MLflow's own 20 s sqlite wait per attempt and the pauses: about 2.4 minutes in all
 BUSY_MESSAGES = ("database is locked", "database table is locked", "database is busy")
 
 

@@ -17,8 +17,9 @@ from flows.train import run_tags
 
 
 def sync_run(run_dir: str | Path, tracking_uri: str | None = None, mlflow_experiment: str | None = None) -> dict[str, Any]:
-    """Log a run directory's committed rounds (under the grouped metric names, flows.tracking) and
-    final model into MLflow (those it lacks), then its summary: ``final_accuracy`` and the figure.
+    """Log what MLflow lacks of a run directory: its committed rounds (under the grouped metric names,
+    flows.tracking), its summary (``final_accuracy`` and the figure) and its final model, then end the
+    run FINISHED. Idempotent: when nothing is missing it logs nothing and leaves the run's status be.
     A run already in MLflow is found through the run directory's record; a new one goes to
     `mlflow_experiment` (None: chosen as for training, flows.names.mlflow_experiment_for).
     The config is the run directory's record, parsed once: this command did not train the run
@@ -34,16 +35,20 @@ def sync_run(run_dir: str | Path, tracking_uri: str | None = None, mlflow_experi
     history = load_server_state(paths.root, rounds)["history"]
     tracker = RunTracker.open(
         uri, mlflow_experiment_for(config, mlflow_experiment), run_name(config), paths.root, params=config.flat(),
-        tags=run_tags(config, paths.root.name),
+        tags=run_tags(config, paths.root.name), reopen=False,
     )
     logged = tracker.sync(history)
-    tracker.log_summary(history)
+    summary = not tracker.summary_logged(history) and tracker.failure is None
+    if summary:
+        tracker.log_summary(history)
     model_uri = tracker.logged_model_uri()
-    if model_uri is None and tracker.failure is None:
+    model = model_uri is None and tracker.failure is None
+    if model:
         dataset = load_experiment_dataset(config.data, config.seed)
         model_uri = tracker.log_model(final_model(config, paths.root), dataset.x_test[:2].numpy(), rounds)
-    tracker.finish("FINISHED")
+    if tracker.failure is None and (logged or summary or model or tracker.status() != "FINISHED"):
+        tracker.finish("FINISHED")
     if tracker.failure is not None:
         raise TrackingError(f"MLflow tracking store {uri}: {tracker.failure}")
-    return {"run_dir": str(paths.root), "rounds": rounds, "rounds_logged": logged, "mlflow_run_id": tracker.run_id,
-            "model_uri": model_uri, "tracking_uri": uri}
+    return {"run_dir": str(paths.root), "rounds": rounds, "rounds_logged": logged, "summary_logged": summary,
+            "model_logged": model, "mlflow_run_id": tracker.run_id, "model_uri": model_uri, "tracking_uri": uri}

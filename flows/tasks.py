@@ -33,6 +33,7 @@ from prefect.cache_policies import NONE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedcme_core import rounds
+from fedcme_core.common.errors import machine_error
 from fedcme_core.config.schema import ExperimentConfig, RunnerConfig
 from fedcme_core.server.faults import StepFailure
 
@@ -195,7 +196,7 @@ class PrefectExecutor:
         if self.client_tasks == "worker":
             return self._map_grouped(arguments, retries, costs)
         self.task_runs += len(arguments)
-        client_task = train_phase_task.with_options(retries=retries)
+        client_task = train_phase_task.with_options(retries=retries, retry_condition_fn=retry_unless_machine_fault)
         futures = [client_task.submit(*sealed((*args, self.torch_threads)), wait_for=self.upstream)
                    for args in arguments]
         return self.finished(futures)
@@ -233,10 +234,22 @@ def sealed(arguments) -> list[Sealed]:
 
 
 def _result_or_failure(future) -> Any | StepFailure:
+    """The task's result, or the StepFailure of a client that failed after its retries; the machine's
+    fault (a full or read-only disk, :func:`~fedcme_core.common.errors.machine_error`) ends the run."""
     try:
         return unsealed(future.result())
     except Exception as error:  # the task failed after its retries: the round decides what follows
+        fault = machine_error(error)
+        if fault is not None:
+            raise fault from None
         return StepFailure.from_exception(error)
+
+
+def retry_unless_machine_fault(task, task_run, state) -> bool:
+    """Prefect's retry condition for a client's task: a client's own failure is retried, the
+    machine's (a full or read-only disk) is not: it ends the run at once."""
+    error = getattr(state, "data", None)  # the exception a failed run's state carries
+    return not (isinstance(error, BaseException) and machine_error(error) is not None)
 
 
 def make_task_runner(runner: RunnerConfig):

@@ -2,8 +2,8 @@
 parent run, the only modules that import mlflow).
 
 One MLflow run per experiment, all in one MLflow experiment (default ``fedcme``) so the UI
-compares them (its id kept in the run directory, so a resumed experiment
-logs into the same run), the flattened config as params, tags for the git commit, the
+compares them (its id kept in the run directory, so a resumed experiment logs into the same
+run), the flattened config as params, tags for the git commit, the
 partition hash and the dataset; each round's metrics in one ``log_batch`` call, with the round's
 number as the console counts it (1 for the first) as the step; each round's matching pairs and
 evaluation vectors as a JSON artifact ``matching/round-0001.json`` (the same number); the
@@ -13,9 +13,11 @@ crash between a round's commit and its logging leaves no step missing or duplica
 
 Opening the store is ``flows.tracking_store``'s (an unreachable server reported before training,
 a fresh sqlite store's schema created by one command at a time); a call that meets a busy sqlite
-store is retried with a bound (``flows.shared_stores.retry_busy``). A tracking failure mid-run
-never stops training: the tracker warns once (one line) and stops logging, the results stay in
-the run directory, and ``fedcme sync`` logs them later.
+store is retried with a bound (``flows.shared_stores.retry_busy``; a training run's calls are made
+by its background writer, ``flows.tracking_writer``, which waits a busy store out while the rounds go
+on). A tracking failure mid-run never stops training: the tracker warns once (one line, with the
+complete ``fedcme sync`` command, ``flows.tracking_store.sync_command``) and stops logging, the
+results stay in the run directory, and ``fedcme sync`` logs them later.
 
 The views (README, "MLflow"): per-round metrics grouped by prefix (``eval/test_accuracy``,
 ``train/loss``, ``time/...``, ``clients/...``: :meth:`RoundRecord.mlflow_metrics`), at the run's end
@@ -31,6 +33,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -46,8 +49,9 @@ from fedcme_core.common.atomic import atomic_write_bytes
 from fedcme_core.results.records import RoundRecord, algorithm_section
 
 from flows.errors import TrackingError
-from flows.shared_stores import is_busy, retry_busy
-from flows.tracking_store import experiment_named, first_line, reachable_client
+from flows.gpu_metrics import gpu_metrics_problem
+from flows.shared_stores import retry_busy
+from flows.tracking_store import experiment_named, first_line, reachable_client, reusable_run, sync_command
 
 METRIC_NAMES = RoundRecord.mlflow_metrics()  # {record key: MLflow name}
 ROUND_METRICS = tuple(METRIC_NAMES.values())
@@ -77,6 +81,8 @@ class RunTracker:
         self.run_id = run_id
         self.run_dir = run_dir
         self.failure: str | None = None  # set by the first failed call; later calls are skipped
+        self._failing = threading.Lock()  # the run's writer thread and the flow may both fail it
+        self.busy = retry_busy  # how a call meets a busy store (a run's writer waits longer, flows.tracking_writer)
         self._logged: set[int] | None = None
         self._monitor = None  # MLflow's system metrics monitor, while it samples
 
@@ -89,13 +95,15 @@ class RunTracker:
         run_dir: Path,
         params: Mapping[str, Any],
         tags: Mapping[str, str],
+        reopen: bool = True,
     ) -> RunTracker:
-        """Check the store answers (before any training), then create or reopen the run `run_name`."""
+        """Check the store answers (before any training), then create or reopen the run `run_name`
+        (with `reopen`, an existing run is set RUNNING again; ``fedcme sync`` leaves its status be)."""
         try:
             client = reachable_client(uri)
             experiment_id = retry_busy(lambda: experiment_named(client, mlflow_experiment, uri))
             record_file = run_dir / "mlflow.json"
-            run_id = cls._reusable_run(client, record_file, uri)
+            run_id = reusable_run(client, record_file, uri)
             if run_id is None:
                 run_id = retry_busy(lambda: client.create_run(experiment_id, run_name=run_name, tags=dict(tags))).info.run_id
                 items = [Param(key, json.dumps(value) if not isinstance(value, str) else value)
@@ -104,7 +112,7 @@ class RunTracker:
                     retry_busy(lambda: client.log_batch(run_id, params=items[start : start + MAX_PARAMS_PER_BATCH]))
                 record = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id}
                 atomic_write_bytes(record_file, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
-            else:
+            elif reopen:
                 retry_busy(lambda: client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING)))
         except TrackingError:
             raise
@@ -112,36 +120,25 @@ class RunTracker:
             raise TrackingError(f"MLflow tracking store {uri} is not usable: {first_line(error)}") from None
         return cls(client, uri, run_id, run_dir)
 
-    @staticmethod
-    def _reusable_run(client: MlflowClient, record_file: Path, uri: str) -> str | None:
-        if not record_file.exists():
-            return None
-        record = json.loads(record_file.read_text(encoding="utf-8"))
-        if record.get("tracking_uri") != uri:
-            return None
-        try:
-            retry_busy(lambda: client.get_run(record["run_id"]))
-        except Exception as error:
-            if is_busy(error):
-                raise
-            return None
-        return record["run_id"]
-
     def _guarded(self, what: str, action):
         """Run a tracking call; the first failure is reported once and turns tracking off for the run."""
         if self.failure is not None:
             return None
         try:
-            return retry_busy(action)
+            return self.busy(action)
         except Exception as error:  # mlflow raises MlflowException, OSError, requests errors...
-            self.failure = f"{what}: {first_line(error)}"
-            print(
-                f"warning: MLflow tracking failed ({self.failure}); training goes on and its results are kept in "
-                f"{self.run_dir}; log them later with `fedcme sync --experiment {self.run_dir.name}`",
-                file=sys.stderr,
-                flush=True,
-            )
+            self.fail(f"{what}: {first_line(error)}")
             return None
+
+    def fail(self, failure: str) -> None:
+        """Turn tracking off for the run, saying once (one line) why and the command that logs the rest."""
+        with self._failing:
+            if self.failure is not None:
+                return
+            self.failure = failure
+        print(f"fedcme: warning: MLflow tracking failed ({failure}); training goes on and its results are kept in "
+              f"{self.run_dir}; log them later with `{sync_command(self.run_dir, self.uri)}`",
+              file=sys.stderr, flush=True)
 
     def logged_rounds(self) -> set[int]:
         """The steps the MLflow run holds under the grouped names (a run begun under the old flat
@@ -269,6 +266,20 @@ class RunTracker:
 
         return self._guarded("logging the summary", log)
 
+    def summary_logged(self, history: list[Mapping[str, Any]]) -> bool:
+        """Whether the run holds the summary of `history` (``final_accuracy`` at its last round's step)."""
+        from flows.views import run_figures
+
+        figures = run_figures(history)
+        logged = self._guarded("reading the summary",
+                               lambda: self.client.get_metric_history(self.run_id, "final_accuracy"))
+        return any(metric.step == figures["rounds"] and metric.value == figures["final_accuracy"]
+                   for metric in logged or [])
+
+    def status(self) -> str | None:
+        run = self._guarded("reading the run", lambda: self.client.get_run(self.run_id))
+        return None if run is None else run.info.status
+
     def start_system_metrics(self, interval: float) -> None:
         """Sample MLflow's system metrics (``system/cpu_utilization_percentage``...) every `interval`
         seconds on a daemon thread until :meth:`finish`; an extended run continues their steps."""
@@ -283,6 +294,10 @@ class RunTracker:
             return monitor
 
         self._monitor = self._guarded("starting the system metrics", start)
+        problem = gpu_metrics_problem()
+        if problem is not None:  # a GPU whose metrics MLflow cannot sample: one visible line
+            print(problem, flush=True)
+            logging.getLogger(__name__).warning(problem)
 
     def register_model(self, name: str, model_uri: str, tags: Mapping[str, Any]) -> str | None:
         """Register `model_uri` as a new version of the registered model `name` (created if

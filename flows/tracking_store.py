@@ -11,7 +11,9 @@ commands open it side by side.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import threading
 import urllib.error
 import urllib.request
@@ -21,7 +23,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from flows.errors import TrackingError
-from flows.shared_stores import FirstUse, retry_busy, sqlite_file
+from flows.shared_stores import FirstUse, is_busy, retry_busy, sqlite_file
 
 SETUP_TIMEOUT = 120.0  # seconds a command waits for another's creation of a sqlite store's schema
 
@@ -31,11 +33,27 @@ def resolve_tracking_uri(explicit: str | None = None) -> str:
     return explicit or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
+def absolute_uri(uri: str) -> str:
+    """`uri` valid from any working directory: a relative sqlite file made absolute (others as they are)."""
+    database = sqlite_file(uri)
+    if database is None or database.is_absolute():
+        return uri
+    return f"sqlite:///{database.resolve()}"
+
+
 def artifact_location(uri: str) -> str | None:
     """Artifacts of a sqlite store live beside its database file (not in the working directory)."""
     if uri.startswith("sqlite:///"):
         return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
     return None
+
+
+def sync_command(run_dir: Path | str, uri: str) -> str:
+    """The `fedcme sync` command that logs `run_dir` into the store `uri`, as printed: complete
+    (``--runs-dir``, ``--tracking-uri``) and absolute, so it works from any working directory."""
+    run_dir = Path(run_dir).resolve()
+    return shlex.join(["fedcme", "sync", "--experiment", run_dir.name, "--runs-dir", str(run_dir.parent),
+                       "--tracking-uri", absolute_uri(uri)])
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
@@ -131,6 +149,22 @@ def experiment_named(client: MlflowClient, name: str, uri: str) -> str:
         if found is None:
             raise
         return found.experiment_id
+
+
+def reusable_run(client: MlflowClient, record_file: Path, uri: str) -> str | None:
+    """The MLflow run a run directory's record (`mlflow.json`) names, when it is in the store `uri`; else None."""
+    if not record_file.exists():
+        return None
+    record = json.loads(record_file.read_text(encoding="utf-8"))
+    if record.get("tracking_uri") != uri:
+        return None
+    try:
+        retry_busy(lambda: client.get_run(record["run_id"]))
+    except Exception as error:
+        if is_busy(error):
+            raise
+        return None
+    return record["run_id"]
 
 
 def first_line(error: BaseException) -> str:

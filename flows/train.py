@@ -19,8 +19,6 @@ and registered model (flows.tracking), and the Prefect flow run's tags, version 
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.runtime import flow_run
 
 from fedcme_core.client.evaluation import torch_threads
@@ -47,16 +45,19 @@ from fedcme_core.rounds.lock import hold_run
 from fedcme_core.data.partition_file import load_partition
 from fedcme_core.results.records import round_line
 
-from flows.command import check_device
+from flows.command import check_device, keep_project_errors_off_the_console
+from flows.preflight import check_run
 from flows.names import flow_run_tags, identity_tags, method_label, mlflow_experiment_for, run_name
 from flows.tasks import PrefectExecutor, make_task_runner, worker_layout
 from flows.tracking import RunTracker, git_commit
+from flows.tracking_writer import TrackingWriter, mlflow_log_to
 from flows.tracking_store import check_reachable, resolve_tracking_uri, warm_up
 from flows.task_records import uses_temporary_server, wait_for_task_run_records
-from flows.views import label_flow_run, prefect_flow_run_url, publish_artifacts, run_figures
+from flows.views import label_flow_run, prefect_flow_run_url, progress_logger, publish_artifacts, run_figures
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 COMMIT = git_commit(PROJECT_DIR)  # the flow's version: a flow run is traced to its code
+FAILED_RUN_TRACKING_WAIT = 10.0  # seconds a failed or interrupted run waits for its queued MLflow calls
 
 
 def compute_line(choice) -> str:
@@ -82,21 +83,6 @@ def run_tags(config: ExperimentConfig, experiment: str, prefect_flow_run_id: str
         tags["prefect_flow_run"] = (prefect_flow_run_url(prefect_flow_run_id, temporary=uses_temporary_server())
                                     or prefect_flow_run_id)
     return tags
-
-
-def progress_logger():
-    """The flow run's logger for the round lines: INFO to Prefect's API only, so the UI's Logs tab
-    shows the run's progress while the console stays as quiet as ``PREFECT_LOGGING_LEVEL`` asks
-    (the console gets the same lines from ``print``)."""
-    from prefect.logging.handlers import APILogHandler
-    from prefect.logging.loggers import PrefectLogAdapter
-
-    logger = logging.getLogger("fedcme.progress")
-    if not any(isinstance(handler, APILogHandler) for handler in logger.handlers):
-        logger.addHandler(APILogHandler())
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    return PrefectLogAdapter(logger, extra=get_run_logger().extra)
 
 
 def dated_experiment(experiment: str, start: datetime) -> str:
@@ -159,6 +145,7 @@ def train(
     layout = worker_layout(config.runner)
     # the runner's intra-op threads for the run; the process's own count is back once it ends
     with hold_run(experiment_run_dir(runs_dir, experiment)), torch_threads(layout[1]):
+        check_run(config, experiment_run_dir(runs_dir, experiment), partition_file)  # before the MLflow run opens
         return train_held(config, experiment, runs_dir, tracking_uri, partition_file, views, layout)
 
 
@@ -181,64 +168,16 @@ def train_held(
     run_dir = experiment_run_dir(runs_dir, experiment)
     if config.runner.dask_address:  # workers elsewhere resolve the tasks' paths with their own working directory
         run_dir = run_dir.resolve()
-    workers, threads = layout
     uri = resolve_tracking_uri(tracking_uri)
     tags = run_tags(config, experiment, flow_run_id, label, views["grid"], views.get("parent_run_id"))
     tracker = RunTracker.open(uri, views["mlflow_experiment"], run_name(config, label), run_dir,
                               params=config.flat(), tags=tags)
-    tracker.set_tags(tags)  # a resumed or extended run: today's flow run and names
-    if config.tracking.system_metrics:
-        tracker.start_system_metrics(config.tracking.system_metrics_interval)
-    total = config.federation.rounds
-    started = time.perf_counter()
-    rounds_done_here = 0
-
-    def on_start(history: list[dict[str, Any]]) -> None:
-        partition = load_partition(RunPaths(run_dir).partition)
-        choice = run_compute_choice(run_dir)  # resolved by `prepare`, possibly on another worker
-        tracker.log_dataset(f"{config.data.dataset} {partition.params['method']} K={config.federation.num_clients} "
-                            f"seed {config.seed}", partition.content_hash, str(RunPaths(run_dir).partition))
-        tracker.set_tags({"partition_hash": partition.content_hash, "compute": choice.compute.name,
-                          "compute_chosen_by": choice.chosen_by,
-                          "compute_samples_per_second": json.dumps(choice.samples_per_second, sort_keys=True)})
-        for line in [f"{experiment}: {compute_line(choice)}", f"{experiment}: {split_line(config)}",
-                     *([f"{experiment}: resuming after round {len(history)} of {total}"] if history else [])]:
-            print(line, flush=True)
-            logger.info(line)
-        tracker.sync(history)
-
-    def on_round(record: dict[str, Any]) -> None:
-        nonlocal rounds_done_here
-        rounds_done_here += 1
-        tracker.log_round(record)
-        line = round_line(record, total, time.perf_counter() - started, rounds_done_here)
-        print(line, flush=True)
-        logger.info(line)
-
-    executor = PrefectExecutor(threads, workers, config.runner.client_tasks)
-    try:
-        history = run_experiment(
-            config,
-            run_dir,
-            executor,
-            on_round=on_round,
-            partition_file=partition_file,
-            on_start=on_start,
-        )
-        figures = run_figures(history)
-        tracker.log_summary(history)
-        dataset = load_experiment_dataset(config.data, config.seed)
-        model_uri = tracker.log_model(final_model(config, run_dir), dataset.x_test[:2].numpy(), completed_rounds(run_dir))
-        registered = None
-        if config.tracking.register_model and model_uri is not None:
-            registered = tracker.register_model(config.tracking.register_model, model_uri, {
-                "method": config.algorithm.name, "method_label": label, "seed": config.seed,
-                "final_accuracy": f"{figures['final_accuracy']:.6f}", "experiment": experiment})
-    except BaseException:
-        tracker.finish("FAILED")
-        raise
-    tracker.finish("FINISHED")
-    publish_artifacts(experiment, label, figures, uri, tracker.experiment_id(), tracker.run_id)
+    with mlflow_log_to(run_dir):
+        writer = TrackingWriter(tracker)  # every MLflow call from here on: the rounds never wait for the store
+        history, figures, model_uri, registered, executor = train_tracked(
+            config, experiment, run_dir, partition_file, writer, tags, label, layout, logger)
+        experiment_id = tracker.experiment_id()
+    publish_artifacts(experiment, label, figures, uri, experiment_id, tracker.run_id)
     summary = {
         "experiment": experiment,
         "rounds": completed_rounds(run_dir),
@@ -257,6 +196,62 @@ def train_held(
     return summary
 
 
+def train_tracked(config: ExperimentConfig, experiment: str, run_dir: Path, partition_file: str | None,
+                  writer: TrackingWriter, tags: dict[str, str], label: str, layout: tuple[int, int], logger):
+    """The rounds, each handed to the run's MLflow `writer` as it commits (never waited for), then the
+    summary, the model (registered on request) and the run's final status, waited for: returns
+    (history, figures, model URI, registered version, the executor)."""
+    writer.submit("set_tags", tags)  # a resumed or extended run: today's flow run and names
+    if config.tracking.system_metrics:
+        writer.submit("start_system_metrics", config.tracking.system_metrics_interval)
+    total = config.federation.rounds
+    started = time.perf_counter()
+    rounds_done_here = 0
+
+    def on_start(history: list[dict[str, Any]]) -> None:
+        partition = load_partition(RunPaths(run_dir).partition)
+        choice = run_compute_choice(run_dir)  # resolved by `prepare`, possibly on another worker
+        writer.submit("log_dataset", f"{config.data.dataset} {partition.params['method']} "
+                      f"K={config.federation.num_clients} seed {config.seed}", partition.content_hash,
+                      str(RunPaths(run_dir).partition))
+        writer.submit("set_tags", {"partition_hash": partition.content_hash, **choice.tags()})
+        for line in [f"{experiment}: {compute_line(choice)}", f"{experiment}: {split_line(config)}",
+                     *([f"{experiment}: resuming after round {len(history)} of {total}"] if history else [])]:
+            print(line, flush=True)
+            logger.info(line)
+        writer.submit("sync", history)
+
+    def on_round(record: dict[str, Any]) -> None:
+        nonlocal rounds_done_here
+        rounds_done_here += 1
+        writer.submit("log_round", record)
+        line = round_line(record, total, time.perf_counter() - started, rounds_done_here)
+        print(line, flush=True)
+        logger.info(line)
+
+    executor = PrefectExecutor(layout[1], layout[0], config.runner.client_tasks)
+    try:
+        history = run_experiment(config, run_dir, executor, on_round=on_round, partition_file=partition_file,
+                                 on_start=on_start)
+        figures = run_figures(history)
+        writer.submit("log_summary", history)
+        dataset = load_experiment_dataset(config.data, config.seed)
+        model_uri = writer.call("log_model", final_model(config, run_dir), dataset.x_test[:2].numpy(),
+                                completed_rounds(run_dir))
+        registered = None
+        if config.tracking.register_model and model_uri is not None:
+            registered = writer.call("register_model", config.tracking.register_model, model_uri, {
+                "method": config.algorithm.name, "method_label": label, "seed": config.seed,
+                "final_accuracy": f"{figures['final_accuracy']:.6f}", "experiment": experiment})
+    except BaseException:
+        writer.submit("finish", "FAILED")
+        writer.close(timeout=FAILED_RUN_TRACKING_WAIT)
+        raise
+    writer.call("finish", "FINISHED")
+    writer.close()
+    return history, figures, model_uri, registered, executor
+
+
 def run_training(config: ExperimentConfig, experiment: str, ready: Callable[[], None] | None = None,
                  **parameters: Any) -> dict[str, Any]:
     """Run `train_flow` for one experiment on the task runner its `runner` section names.
@@ -266,8 +261,10 @@ def run_training(config: ExperimentConfig, experiment: str, ready: Callable[[], 
     never written out and read back in this process. `ready` (a command's
     wait for its Prefect server) is called just before the flow starts, after the work that needs
     no Prefect: the checks, the dataset and the MLflow store (:func:`~flows.tracking_store.warm_up`).
-    The run directory is held (:func:`fedcme_core.rounds.lock.hold_run`) from after the checks
-    until the end: a second command on it stops at once, in one line. `parameters` are
+    The run directory is held (:func:`fedcme_core.rounds.lock.hold_run`; a command holds it from
+    its first second) until the end: a second command on it stops at once, in one line. Everything
+    the run can check before training is checked then (:func:`flows.preflight.check_run`), before
+    the flow or its MLflow run is opened. `parameters` are
     :func:`train_flow`'s: runs_dir, tracking_uri, partition_file, mlflow_experiment, dated, and the
     names of a DVC grid cell, `method_label` (``methods.<name>.label``), `grid` (``report.name``) and
     `mlflow_parent_run_id` (its grid run's parent, flows.tracking_grid)."""
@@ -283,7 +280,9 @@ def run_training(config: ExperimentConfig, experiment: str, ready: Callable[[], 
         from flows.dask_cluster import probe_workers
 
         probe_workers(config.runner.dask_address, config, Path(parameters.get("runs_dir", "runs")))
-    with hold_run(experiment_run_dir(parameters.get("runs_dir", "runs"), experiment)):
+    run_dir = experiment_run_dir(parameters.get("runs_dir", "runs"), experiment)
+    with hold_run(run_dir):
+        check_run(config, run_dir, parameters.get("partition_file"))  # before any flow or MLflow run is opened
         return run_held(config, experiment, uri, ready, parameters)
 
 
@@ -293,6 +292,7 @@ def run_held(config: ExperimentConfig, experiment: str, uri: str, ready: Callabl
     warm_up(uri)
     if ready is not None:
         ready()
+    keep_project_errors_off_the_console()
     configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner))
     summary = configured_flow(config=config, experiment=experiment, **parameters)
     if uses_temporary_server():

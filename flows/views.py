@@ -9,6 +9,7 @@ id and the store in its description) and `training-summary` (markdown: final acc
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -114,3 +115,19 @@ def publish_artifacts(experiment: str, label: str, figures: Mapping[str, Any], u
                                  description=f"{experiment}: final accuracy {figures['final_accuracy']:.4f}")
     except Exception as error:  # noqa: BLE001
         warn("could not write the Prefect flow run's artifacts", error)
+
+
+def progress_logger():
+    """The flow run's logger for the round lines: INFO to Prefect's API only, so the UI's Logs tab
+    shows the run's progress while the console stays as quiet as ``PREFECT_LOGGING_LEVEL`` asks
+    (the console gets the same lines from ``print``)."""
+    from prefect import get_run_logger
+    from prefect.logging.handlers import APILogHandler
+    from prefect.logging.loggers import PrefectLogAdapter
+
+    logger = logging.getLogger("fedcme.progress")
+    if not any(isinstance(handler, APILogHandler) for handler in logger.handlers):
+        logger.addHandler(APILogHandler())
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    return PrefectLogAdapter(logger, extra=get_run_logger().extra)

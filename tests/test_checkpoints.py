@@ -87,3 +87,57 @@ def _envelope(value) -> bytes:
     torch.save(value, buffer)
     body = buffer.getvalue()
     return MAGIC + hashlib.sha256(body).digest() + body
+
+
+class OnGpu(torch.Tensor):
+    """A tensor that says it is on CUDA, as a GPU run's weights and optimizer buffers are (its values
+    live on the CPU, so the test runs without a GPU); moving it to the CPU gives a plain tensor."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", 0)
+
+    def to(self, *args, **kwargs) -> torch.Tensor:
+        return self.as_subclass(torch.Tensor).clone()
+
+
+def test_every_checkpoint_holds_only_cpu_tensors_whatever_the_run_trained_on(tmp_path):
+    """A swap checkpoint of a GPU run held the optimizer's CUDA momentum buffers, which a plain
+    torch.load cannot read on a machine without a GPU; every tensor is now saved from the CPU."""
+    from fedcme_core.client.training import save_local_run
+
+    from .helpers import fresh_run, tiny_client_data, train
+
+    run = train(fresh_run(), tiny_client_data(32), epochs=1)
+    for state in run.optimizer.state.values():
+        state["momentum_buffer"] = state["momentum_buffer"].as_subclass(OnGpu)
+    on_gpu = {"model": {"w": torch.arange(3.0).as_subclass(OnGpu)}, "nested": [({"c": torch.ones(2).as_subclass(OnGpu)},)]}
+    save_local_run(run, tmp_path / "swap.pt")
+    save_checkpoint(on_gpu, tmp_path / "upload.pt")
+
+    for name in ("swap.pt", "upload.pt"):
+        body = (tmp_path / name).read_bytes()[len(MAGIC) + hashlib.sha256().digest_size:]
+        payload = torch.load(io.BytesIO(body), weights_only=True)  # no map_location: as saved
+        tensors = [value for value in _leaves(payload) if isinstance(value, torch.Tensor)]
+        assert tensors and all(type(value) is torch.Tensor and value.device.type == "cpu" for value in tensors)
+    loaded = load_checkpoint(tmp_path / "upload.pt")
+    assert torch.equal(loaded["model"]["w"], torch.arange(3.0)) and torch.equal(loaded["nested"][0][0]["c"], torch.ones(2))
+
+
+def test_a_cpu_payload_is_saved_byte_for_byte_as_torch_saves_it():
+    payload = {"model": {"w": torch.arange(4.0)}, "optimizer": {"state": {0: {"b": torch.ones(2)}}, "groups": [1, (2, 3)]}}
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+
+    assert checkpoint_bytes(payload)[len(MAGIC) + hashlib.sha256().digest_size:] == buffer.getvalue()
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value

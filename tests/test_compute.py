@@ -183,5 +183,5 @@ def test_training_config_accepts_auto_and_booleans_only():
     assert TrainingConfig().channels_last == "auto" and TrainingConfig().precision == "auto"
     with pytest.raises(ConfigError, match="training.channels_last: Input should be a valid boolean"):
         config_from_dict({"training": {"channels_last": "maybe"}})
-    with pytest.raises(ConfigError, match="training.precision: Input should be 'fp32', 'bf16' or 'auto'"):
+    with pytest.raises(ConfigError, match="training.precision: Input should be 'fp32', 'bf16', 'tf32' or 'auto'"):
         config_from_dict({"training": {"precision": "fp16"}})

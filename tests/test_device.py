@@ -1,14 +1,27 @@
 """fedcme_core.rounds.device: a client's rows gathered from the resident training set (the CUDA way)
-equal those gathered per client (the CPU way); the worker stream is a no-op on the CPU."""
+equal those gathered per client (the CPU way), and the resident copies are bounded and released; the
+worker stream is a no-op on the CPU, and on CUDA (a fake stream factory here) it waits for the work
+before it and synchronises on every exit, an exception included."""
 
 from __future__ import annotations
+
+import contextlib
+import threading
 
 import pytest
 import torch
 
 from fedcme_core.client.compute import Compute
 from fedcme_core.data.datasets import Dataset
-from fedcme_core.rounds.device import client_data, gather_resident, resident_training_set, worker_stream
+from fedcme_core.rounds import device as device_module
+from fedcme_core.rounds import run_experiment
+from fedcme_core.rounds.device import (
+    client_data,
+    gather_resident,
+    release_resident,
+    resident_training_set,
+    worker_stream,
+)
 
 CPU = torch.device("cpu")
 
@@ -51,3 +64,103 @@ def test_the_worker_stream_does_nothing_on_the_cpu():
         ran.append(torch.ones(2).sum().item())
 
     assert ran == [2.0]
+
+
+class FakeStream:
+    def __init__(self, name: str, events: list[str]) -> None:
+        self.name, self.events = name, events
+
+    def wait_stream(self, other: "FakeStream") -> None:
+        self.events.append(f"{self.name} waits for {other.name}")
+
+    def synchronize(self) -> None:
+        self.events.append(f"{self.name} synchronised")
+
+
+class FakeStreams:
+    """A StreamFactory without CUDA: each thread its own stream, every call recorded."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.by_thread: dict[int, FakeStream] = {}
+        self.current = FakeStream("default", self.events)
+
+    def thread_stream(self, device):
+        thread = threading.get_ident()
+        if thread not in self.by_thread:
+            self.by_thread[thread] = FakeStream(f"worker{len(self.by_thread)}", self.events)
+        return self.by_thread[thread]
+
+    def current_stream(self, device):
+        return self.current
+
+    @contextlib.contextmanager
+    def use(self, stream):
+        self.events.append(f"on {stream.name}")
+        try:
+            yield
+        finally:
+            self.events.append(f"off {stream.name}")
+
+
+CUDA = torch.device("cuda")
+
+
+def test_the_worker_stream_waits_for_queued_work_and_synchronises_at_the_end():
+    streams = FakeStreams()
+    with worker_stream(CUDA, streams):
+        streams.events.append("client trains")
+
+    assert streams.events == ["worker0 waits for default", "on worker0", "client trains", "off worker0",
+                              "worker0 synchronised"]
+
+
+def test_the_worker_stream_synchronises_when_the_client_raises():
+    """An out-of-memory client must not leave its kernels running while its tensors are freed."""
+    streams = FakeStreams()
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        with worker_stream(CUDA, streams):
+            raise RuntimeError("CUDA out of memory")
+
+    assert streams.events[-1] == "worker0 synchronised" and "off worker0" in streams.events
+
+
+def test_each_worker_thread_keeps_its_own_stream():
+    streams = FakeStreams()
+    for _ in range(2):
+        with worker_stream(CUDA, streams):
+            pass
+
+    def other_thread() -> None:
+        with worker_stream(CUDA, streams):
+            pass
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+
+    assert [stream.name for stream in streams.by_thread.values()] == ["worker0", "worker1"]
+    assert streams.events.count("worker0 synchronised") == 2 and streams.events[-1] == "worker1 synchronised"
+
+
+def test_resident_copies_are_bounded_least_recently_used_first_and_released():
+    release_resident()
+    datasets = [dataset(seed) for seed in range(device_module.RESIDENT_LIMIT + 1)]
+    first = resident_training_set(datasets[0], CPU, Compute())[0]
+    for data in datasets[1:-1]:
+        resident_training_set(data, CPU, Compute())
+    assert resident_training_set(datasets[0], CPU, Compute())[0] is first  # used again: now the most recent
+    resident_training_set(datasets[-1], CPU, Compute())  # one too many: the least recently used goes
+
+    assert len(device_module._RESIDENT) == device_module.RESIDENT_LIMIT
+    assert resident_training_set(datasets[0], CPU, Compute())[0] is first
+    if device_module.RESIDENT_LIMIT > 1:
+        assert (id(datasets[1].x_train), "cpu", False) not in device_module._RESIDENT
+    assert release_resident() == device_module.RESIDENT_LIMIT and not device_module._RESIDENT
+
+
+def test_a_finished_run_leaves_no_resident_copy(tmp_path, synthetic_config):
+    resident_training_set(dataset(5), CPU, Compute())
+    run_experiment(synthetic_config({"federation.rounds": 1}), tmp_path / "run")
+
+    assert not device_module._RESIDENT

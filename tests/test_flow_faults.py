@@ -72,19 +72,28 @@ def test_an_unreachable_tracking_server_is_reported_before_training(tmp_path, ca
     assert sorted(os.listdir(tmp_path)) == []
 
 
-# `fedcme train`, held once round 1 is tracked and its line printed, until the test has broken the
+# `fedcme train`, held once round 1 is tracked (by the run's background writer) and its line printed, until the test has broken the
 # store (a gate file): rounds 2 and 3 meet the dead store however slow the machine (the line is
 # printed again by the command itself). Held 300 s at most, so a test that fails before it opens
 # the gate leaves no command waiting.
 HELD_AFTER_ROUND_1 = """
-import pathlib, sys, time
+import json, pathlib, sys, time
+from mlflow.tracking import MlflowClient
 import flows.train
 from flows.cli import main
 gate = pathlib.Path(sys.argv.pop(1))
 round_line = flows.train.round_line
+def logged(run_dir, uri):  # the run's writer logs round 1 in the background: wait until it has
+    client = MlflowClient(uri)
+    run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+    deadline = time.monotonic() + 120
+    while not client.get_metric_history(run_id, "eval/test_accuracy") and time.monotonic() < deadline:
+        time.sleep(0.05)
 def held(record, *args):
     line = round_line(record, *args)
     if int(record["round"]) == 0:
+        option = lambda name: sys.argv[sys.argv.index(name) + 1]
+        logged(pathlib.Path(option("--runs-dir")) / option("--experiment"), option("--tracking-uri"))
         print(line, flush=True)
         deadline = time.monotonic() + 300
         while not gate.exists() and time.monotonic() < deadline:

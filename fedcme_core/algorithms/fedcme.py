@@ -81,16 +81,29 @@ class FedCMEConfig(Frozen):
 
 
 class AlignmentHooks(ClientHooks):
+    """zeta^t on the model's device, moved once per client and round; which classes (or samples) each
+    batch compares is planned on the host once per epoch (``alignment_plan``), so a step neither moves
+    nor reads back a tensor. Without a plan (extra_loss called outside the loop) it is found per batch."""
+
+    plans_batches = True
+
     def __init__(self, global_features: client_features.GlobalFeatures, config: FedCMEConfig,
                  device: torch.device) -> None:
+        self.defined = global_features.defined.detach().cpu()  # [C], for the host's plans
         self.global_features = global_features.to(device)
+        self.device = torch.device(device)
         self.mu = config.mu
         self.reduction = config.align_reduction
         self.loss = config.align_loss
+        self.plans = None
+
+    def plan_epoch(self, batch_labels) -> None:
+        self.plans = iter(client_features.alignment_plan(batch_labels, self.defined, self.loss, self.device))
 
     def extra_loss(self, inputs, labels, features, logits) -> torch.Tensor | None:
+        selected = None if self.plans is None else next(self.plans)
         loss = client_features.alignment_loss(features, labels, self.global_features, reduction=self.reduction,
-                                              loss=self.loss)
+                                              loss=self.loss, selected=selected)
         return None if loss is None else self.mu * loss
 
 

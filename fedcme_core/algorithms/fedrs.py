@@ -43,15 +43,18 @@ def class_scaling(class_counts: np.ndarray, alpha: float, scaling: str) -> torch
 
 
 class RestrictedSoftmaxHooks(ClientHooks):
-    def __init__(self, scale: torch.Tensor) -> None:
-        self.scale = scale  # [C]
+    """s [C] on the model's device, moved once per client and round (a step moves nothing)."""
+
+    def __init__(self, scale: torch.Tensor, device: torch.device | str = "cpu") -> None:
+        self.scale = scale.to(device)  # [C]
 
     def transform_logits(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return logits * self.scale.to(logits.device)  # [B, C]
+        return logits * self.scale  # [B, C]
 
 
 class FedRS(Algorithm):
     config_class = FedRSConfig
 
     def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:
-        return RestrictedSoftmaxHooks(class_scaling(context.class_counts, self.config.alpha, self.config.scaling))
+        return RestrictedSoftmaxHooks(class_scaling(context.class_counts, self.config.alpha, self.config.scaling),
+                                      next(model.parameters()).device)

@@ -1,19 +1,24 @@
 """Memory layout and precision of local training, chosen per model and machine by measurement.
 
-``training.channels_last: auto | true | false`` and ``training.precision: fp32 | bf16 | auto``.
-bf16 is autocast (``torch.autocast``) around the forward pass and the loss, on the CPU and on
+``training.channels_last: auto | true | false`` and ``training.precision: fp32 | bf16 | tf32 | auto``.
+fp32 is IEEE fp32 on every device (TF32 off on CUDA); ``tf32`` (CUDA only, chosen explicitly, never
+by ``auto``) lets cuBLAS and cuDNN compute fp32 products in TensorFloat-32. bf16 is autocast
+(``torch.autocast``) around the forward pass and the loss, on the CPU and on
 CUDA; weights, gradients, optimizer state, checkpoints and aggregation stay fp32. ``auto`` times
 a few training steps of every allowed candidate on the run's own model and batch shape (fewer on
 a heavy model: CALIBRATION_SECONDS; BENCHMARKS.md, "Larger models", gives the cost) and keeps the
 fastest; bf16 is a candidate only where the device has native bf16 arithmetic (oneDNN's check on
-the CPU: AVX512-BF16 or AMX; ``is_bf16_supported`` on CUDA).
+the CPU: AVX512-BF16 or AMX; compute capability 8.0 or more on CUDA, emulation not counted).
+The device's flags and identity (:mod:`fedcme_core.client.device_flags`) are recorded beside the
+choice (``ComputeChoice.device``).
 
 The choice is part of what defines a run's results, so it is resolved once, when the run
 directory is made, and written there (``compute.json``): every step on every runner reads it,
 and a resumed run keeps it. A calibration's choice is also kept per machine (CPU model, torch
 version, device, model, batch shape; timed on one thread whatever the runner) in
 ``$FEDCME_CACHE_DIR/compute.json`` (default ``~/.cache/fedcme``), so that fresh runs of one
-config on one machine choose alike and stay bit-identical; where two calibrate at once, the one
+config on one machine choose alike and stay bit-identical (on a GPU: the same GPU model,
+driver and flags, :mod:`fedcme_core.client.device_flags`); where two calibrate at once, the one
 that caches its choice first wins and the other adopts it.
 """
 
@@ -31,8 +36,9 @@ import torch
 
 from fedcme_core.common.atomic import atomic_write_bytes
 from fedcme_core.common.locks import FileLock
+from fedcme_core.client.device_flags import device_record
 
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["fp32", "bf16", "tf32"]
 CALIBRATION_STEPS = 3  # timed training steps per candidate and repeat (after one warm-up step)
 CALIBRATION_REPEATS = 2  # candidates interleaved, the fastest repeat kept
 # A candidate's repeat stops early once its steps took this long (at least one step), so that a heavy
@@ -80,23 +86,41 @@ class ComputeChoice:
     samples_per_second: dict[str, float] = field(default_factory=dict)
     calibration_seconds: float | None = None
     machine: str = ""
+    # The resolved device and its flags (device_flags.device_record): {"type": "cpu"}, or on CUDA
+    # also the GPU's index, name, capability, driver, TF32 and determinism; {} in records made before.
+    device: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self.compute), "name": self.compute.name, "chosen_by": self.chosen_by,
                 "samples_per_second": self.samples_per_second, "calibration_seconds": self.calibration_seconds,
-                "machine": self.machine}
+                "machine": self.machine, "device": self.device}
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> ComputeChoice:
         return cls(Compute(bool(values["channels_last"]), values["precision"]), values["chosen_by"],
                    dict(values.get("samples_per_second") or {}), values.get("calibration_seconds"),
-                   values.get("machine", ""))
+                   values.get("machine", ""), dict(values.get("device") or {}))
+
+    def tags(self) -> dict[str, str]:
+        """The MLflow tags of the choice: compute, compute_chosen_by, compute_samples_per_second, and
+        the device's (device; on CUDA gpu_name, gpu_driver, tf32, deterministic)."""
+        tags = {"compute": self.compute.name, "compute_chosen_by": self.chosen_by,
+                "compute_samples_per_second": json.dumps(self.samples_per_second, sort_keys=True)}
+        if self.device:
+            tags["device"] = str(self.device.get("type"))
+        if self.device.get("type") == "cuda":
+            tags.update(gpu_name=str(self.device.get("name")), gpu_driver=str(self.device.get("driver")),
+                        tf32=str(self.device.get("tf32")).lower(),
+                        deterministic=str(self.device.get("deterministic")).lower())
+        return tags
 
 
 def native_bf16(device: torch.device) -> bool:
-    """True when the device computes bf16 natively (so that bf16 can pay)."""
+    """True when `device` computes bf16 natively (so that bf16 can pay): on CUDA, that GPU (not the
+    current one) with compute capability 8.0 or more; emulation (a T4's) does not count."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        with torch.cuda.device(device):
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     try:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
@@ -105,6 +129,9 @@ def native_bf16(device: torch.device) -> bool:
 
 def candidates(channels_last: bool | str, precision: str, device: torch.device) -> list[Compute]:
     """Every layout and precision the settings allow on `device`."""
+    if precision == "tf32" and device.type != "cuda":
+        raise ValueError(f"training.precision: tf32 is TensorFloat-32 of CUDA GPUs; the {device.type} computes "
+                         "fp32 (set precision: fp32)")
     layouts = [False, True] if channels_last == "auto" else [bool(channels_last)]
     if precision == "auto":
         precisions: list[Precision] = ["fp32", "bf16"] if native_bf16(device) else ["fp32"]
@@ -196,8 +223,16 @@ def resolve(channels_last: bool | str, precision: str, device: torch.device, key
     """The run's choice: fixed by the config, or the fastest candidate by `step` (cached per machine).
 
     `key` names the workload (model, batch shape, threads); `step(option)` trains one batch in
-    `option` and returns its sample count.
+    `option` and returns its sample count. The choice carries the device's record
+    (:func:`~fedcme_core.client.device_flags.device_record`, which also sets the device's flags for
+    the chosen precision).
     """
+    choice = _resolve(channels_last, precision, device, key, step)
+    choice.device = device_record(device, choice.compute.precision)
+    return choice
+
+
+def _resolve(channels_last: bool | str, precision: str, device: torch.device, key: str, step) -> ComputeChoice:
     options = candidates(channels_last, precision, device)
     machine = machine_name(device)
     if len(options) == 1:

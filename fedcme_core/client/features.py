@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedcme_core.client.evaluation import check_inputs, eval_mode, inference_batch_size, model_device
+from fedcme_core.client.transfers import to_device
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,7 @@ def alignment_loss(
     global_features: GlobalFeatures,
     reduction: AlignReduction = "mean",
     loss: Literal["class_mean", "sample"] = "class_mean",
+    selected: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """SPEC step 9: L2 between `features` [B, d] and the global features, None when no sample's
     class has a global feature. Gradients flow into `features` only.
@@ -217,43 +219,81 @@ def alignment_loss(
     - ``sum_dims``: the sum over the d dimensions (the squared norm), then the mean over the Q vectors,
       d times ``mean``;
     - ``sum_all``: the sum over the Q vectors and the d dimensions, Q x d times ``mean``.
+
+    `selected`: which Q are compared, planned on the host (:func:`alignment_plan`): the classes [Q]
+    (class_mean) or the batch positions [Q] (sample), int64 on the features' device, where `labels`
+    and `global_features` are too; the call then neither moves nor reads back a tensor. None: found
+    here, from the labels on the device (a GPU waits for the host).
     """
     if reduction not in ALIGN_REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(ALIGN_REDUCTIONS)}, got {reduction!r}")
-    if loss == "sample":
-        return sample_alignment_loss(features, labels, global_features, reduction)
-    if loss != "class_mean":
+    if loss not in ("class_mean", "sample"):
         raise ValueError(f"align_loss must be 'class_mean' or 'sample', got {loss!r}")
-    num_classes = global_features.values.shape[0]
+    if selected is not None:
+        if selected.shape[0] == 0:
+            return None
+        if loss == "sample":
+            return _sample_loss(features, labels.long(), global_features.values, selected, reduction)
+        return _class_mean_loss(features, labels.long(), global_features.values, selected, reduction)
+    labels = labels.to(features.device).long()  # [B]
     defined = global_features.defined.to(features.device)  # [C]
-    one_hot = F.one_hot(labels.to(features.device).long(), num_classes).to(features.dtype)  # [B, C]
-    class_counts = one_hot.sum(dim=0)  # [C]
-    qualifies = (class_counts > 0) & defined  # [C]
+    values = global_features.values.to(features.device)  # [C, d]
+    if loss == "sample":
+        qualifies = defined[labels]  # [B]
+        if not bool(qualifies.any()):
+            return None
+        return _sample_loss(features, labels, values, qualifies.nonzero().squeeze(1), reduction)
+    qualifies = (_one_hot(labels, values.shape[0], features.dtype).sum(dim=0) > 0) & defined  # [C]
     if not bool(qualifies.any()):
         return None
-    classes = qualifies.nonzero().squeeze(1)  # [Q]
+    return _class_mean_loss(features, labels, values, qualifies.nonzero().squeeze(1), reduction)
+
+
+def alignment_plan(batch_labels: Sequence[torch.Tensor], defined: torch.Tensor,
+                   loss: Literal["class_mean", "sample"], device: torch.device) -> list[torch.Tensor]:
+    """Each batch's `selected` for :func:`alignment_loss`, from its labels [B_i] and zeta's defined
+    classes [C], both on the CPU: the classes present in the batch with a global feature
+    (class_mean) or the positions whose class has one (sample), ascending, int64 [Q_i]; moved to
+    `device` together, once (an epoch's plan)."""
+    defined = defined.cpu().bool()
+    per_batch = []
+    for labels in batch_labels:
+        labels = labels.long()
+        if loss == "sample":
+            per_batch.append(defined[labels].nonzero().squeeze(1))
+        else:
+            present = torch.bincount(labels, minlength=defined.shape[0]) > 0
+            per_batch.append((present & defined).nonzero().squeeze(1))
+    if not per_batch:
+        return []
+    packed = to_device(torch.cat(per_batch), device)
+    return list(torch.split(packed, [len(selected) for selected in per_batch]))
+
+
+def _one_hot(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B] -> [B, C] in `dtype`, as F.one_hot, without its bounds check (a read-back on the CPU)."""
+    return (labels[:, None] == torch.arange(num_classes, device=labels.device)).to(dtype)
+
+
+def _class_mean_loss(features: torch.Tensor, labels: torch.Tensor, values: torch.Tensor, classes: torch.Tensor,
+                     reduction: AlignReduction) -> torch.Tensor:
+    """The class-mean L2 over `classes` [Q] (present in the batch, with a global feature)."""
+    one_hot = _one_hot(labels, values.shape[0], features.dtype)  # [B, C]
+    class_counts = one_hot.sum(dim=0)  # [C]
     class_sums = one_hot[:, classes].T @ features  # [Q, d]
     batch_class_means = class_sums / class_counts[classes].unsqueeze(1)  # [Q, d]
-    targets = global_features.values.to(features.device, features.dtype)[classes].detach()  # [Q, d]
+    targets = values.to(dtype=features.dtype)[classes].detach()  # [Q, d]
     if reduction == "sum_dims":
         return F.mse_loss(batch_class_means, targets, reduction="none").sum(dim=1).mean()
     return F.mse_loss(batch_class_means, targets, reduction="mean" if reduction == "mean" else "sum")
 
 
-def sample_alignment_loss(
-    features: torch.Tensor,
-    labels: torch.Tensor,
-    global_features: GlobalFeatures,
-    reduction: AlignReduction = "mean",
-) -> torch.Tensor | None:
-    """`align_loss: sample`: reduce_{i: zeta[y_i] defined, d} (theta(x_i) - zeta[y_i])^2, `reduction` as in
-    :func:`alignment_loss` (``mean`` and ``sum_dims`` average over the Q samples, ``sum_all`` sums)."""
-    labels = labels.to(features.device).long()  # [B]
-    qualifies = global_features.defined.to(features.device)[labels]  # [B]
-    if not bool(qualifies.any()):
-        return None
-    targets = global_features.values.to(features.device, features.dtype)[labels[qualifies]].detach()  # [Q, d]
-    squared = (features[qualifies] - targets).square()  # [Q, d]
+def _sample_loss(features: torch.Tensor, labels: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+                 reduction: AlignReduction) -> torch.Tensor:
+    """`align_loss: sample`: reduce_{i in positions, d} (theta(x_i) - zeta[y_i])^2 over the positions [Q]
+    whose class has a global feature (``mean`` and ``sum_dims`` average over them, ``sum_all`` sums)."""
+    targets = values.to(dtype=features.dtype)[labels[positions]].detach()  # [Q, d]
+    squared = (features[positions] - targets).square()  # [Q, d]
     if reduction == "sum_all":
         return squared.sum()
     per_sample = squared.mean(dim=1) if reduction == "mean" else squared.sum(dim=1)  # [Q]

@@ -14,7 +14,14 @@ torch = lazy_module("torch")  # named by the annotations only
 
 
 class ClientHooks:
-    """An algorithm's per-client, per-round hooks into the local loop; these defaults are FedAvg's."""
+    """An algorithm's per-client, per-round hooks into the local loop; these defaults are FedAvg's.
+
+    The hooks run inside the training step, which must not wait for the device: tensors they hold
+    are put on the model's device when they are built, and nothing is read back (no ``bool``,
+    ``item`` or boolean-mask indexing of a device tensor). What depends on a batch's labels is
+    planned on the host once per epoch (:meth:`plan_epoch`)."""
+
+    plans_batches: bool = False  # True: the loop calls plan_epoch with each epoch's batch labels
 
     def transform_logits(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """logits [B, C] -> logits [B, C] used by the cross-entropy (FedRS: restricted softmax)."""
@@ -25,6 +32,10 @@ class ClientHooks:
     ) -> torch.Tensor | None:
         """A term added to the cross-entropy (features [B, d], logits [B, C]); None adds nothing."""
         return None
+
+    def plan_epoch(self, batch_labels: list[torch.Tensor]) -> None:
+        """Called at the start of each epoch when `plans_batches`, with the labels of each of its
+        batches in order ([B_i] int64 each, on the CPU); the steps' extra_loss calls follow in that order."""
 
     def after_step(self) -> None:
         """Called after each optimizer step (SCAFFOLD: the control-variate correction)."""

@@ -136,6 +136,18 @@ class BasicBlock(nn.Module):
         return torch.relu(out + self.shortcut(x))
 
 
+
+class GlobalAveragePool(nn.Module):
+    """[B, C, H, W] -> [B, C, 1, 1], the mean over H and W. On the CPU it is
+    ``nn.AdaptiveAvgPool2d(1)``, as before; on CUDA a plain mean, because adaptive pooling's CUDA
+    backward has no deterministic kernel (it raises under ``torch.use_deterministic_algorithms``).
+    Both are the same mean, within float rounding; no parameters or state."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cuda":
+            return x.mean(dim=(2, 3), keepdim=True)
+        return nn.functional.adaptive_avg_pool2d(x, 1)
+
 def _resnet18_gn_backbone() -> nn.Sequential:
     """ResNet-18 (He et al. 2016; BasicBlock, [2, 2, 2, 2], widths 64/128/256/512) for 32x32 inputs:
     a 3x3 stride-1 stem without max pool, and GroupNorm with 2 groups in place of every BatchNorm
@@ -150,7 +162,7 @@ def _resnet18_gn_backbone() -> nn.Sequential:
     for out_channels, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
         layers += [BasicBlock(in_channels, out_channels, stride), BasicBlock(out_channels, out_channels, 1)]
         in_channels = out_channels
-    backbone = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    backbone = nn.Sequential(*layers, GlobalAveragePool(), nn.Flatten())
     for module in backbone.modules():
         if isinstance(module, nn.Conv2d):
             nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")

@@ -23,11 +23,13 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from fedcme_core.data.augment import Augmentation
+from fedcme_core.data.augment import Augmentation, epoch_draws
 from fedcme_core.common.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from fedcme_core.client.compute import Compute
+from fedcme_core.client.device_flags import configure_device
 from fedcme_core.client.hooks import ClientHooks
 from fedcme_core.client.models import SplitModel, build_model
+from fedcme_core.client.transfers import to_device, to_host
 
 FP32 = Compute()
 
@@ -87,37 +89,62 @@ def train_epochs(
 ) -> None:
     """Train `num_epochs` more epochs in place (Algorithm 2: ClientUpdate's local SGD).
 
-    `compute` sets the precision of the forward pass and the loss (bf16 autocast or fp32);
+    `inputs` [D_k, C_in, H, W] and `labels` [D_k] are moved to the model's device once, if they are
+    not there. `compute` sets the precision of the forward pass and the loss (bf16 autocast or fp32);
     the layout is the one `inputs` and the model already have (see fedcme_core.client.compute).
     `augment` transforms each training batch, drawing from the run's generator (so a resumed
-    run draws the same crops and flips; fedcme_core.data.augment)."""
+    run draws the same crops and flips; fedcme_core.data.augment).
+
+    Each epoch's batch order and augmentation draws come from the run's CPU generator, in the same
+    sequence as when they were drawn batch by batch, and move to the device once per epoch; hooks
+    that plan their batches (``ClientHooks.plans_batches``) get the batches' labels on the host
+    then. A step (:func:`_train_step`) only slices and computes on the device: no copy between the
+    host and the device, no wait for the device. The epoch's loss is read back once, at its end."""
     model, optimizer = run.model, run.optimizer
     device = next(model.parameters()).device
+    inputs, labels = to_device(inputs, device), to_device(labels, device)  # [D_k, ...], once per phase
+    host_labels = to_host(labels) if hooks.plans_batches else None  # [D_k]
     num_samples = labels.shape[0]
+    starts = range(0, num_samples, batch_size)
     model.train()
     for _ in range(num_epochs):
-        order = torch.randperm(num_samples, generator=run.generator)
+        host_order = torch.randperm(num_samples, generator=run.generator)  # [D_k]
+        host_draws = () if augment is None else epoch_draws(augment, num_samples, batch_size, run.generator)
+        if host_labels is not None:
+            hooks.plan_epoch([host_labels[host_order[start : start + batch_size]] for start in starts])
+        order = to_device(host_order, device)
+        draws = tuple(to_device(draw, device) for draw in host_draws)  # [..., D_k]
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        for start in range(0, num_samples, batch_size):
-            batch = order[start : start + batch_size]
-            batch_inputs = inputs[batch].to(device, non_blocking=True)  # [B, C_in, H, W]
-            batch_labels = labels[batch].to(device, non_blocking=True)  # [B]
-            if augment is not None:
-                batch_inputs = augment(batch_inputs, run.generator)  # [B, C_in, H, W]
-            with compute.autocast(device):
-                features = model.features(batch_inputs)  # [B, d]
-                logits = hooks.transform_logits(model.classify(features), batch_labels)  # [B, C]
-                loss = F.cross_entropy(logits, batch_labels)
-                extra = hooks.extra_loss(batch_inputs, batch_labels, features, logits)
-                if extra is not None:
-                    loss = loss + extra
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            hooks.after_step()
-            loss_sum += loss.detach() * batch.shape[0]
+        for start in starts:
+            end = min(start + batch_size, num_samples)
+            batch_draws = tuple(draw[..., start:end] for draw in draws)
+            loss = _train_step(run, inputs, labels, order[start:end], hooks, compute, augment, batch_draws)
+            loss_sum += loss * (end - start)
         run.epoch_losses.append(float(loss_sum) / num_samples)
         run.epochs_done += 1
+
+
+def _train_step(run: LocalRun, inputs: torch.Tensor, labels: torch.Tensor, batch: torch.Tensor, hooks: ClientHooks,
+                compute: Compute, augment: Augmentation | None, draws: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """One SGD step on the rows `batch` [B] of `inputs` and `labels`, all on the model's device (as
+    are `draws`, the batch's augmentation draws); returns the detached loss (a 0-d device tensor)."""
+    model, optimizer = run.model, run.optimizer
+    batch_inputs = inputs[batch]  # [B, C_in, H, W]
+    batch_labels = labels[batch]  # [B]
+    if augment is not None:
+        batch_inputs = augment.apply(batch_inputs, draws)  # [B, C_in, H, W]
+    with compute.autocast(batch_inputs.device):
+        features = model.features(batch_inputs)  # [B, d]
+        logits = hooks.transform_logits(model.classify(features), batch_labels)  # [B, C]
+        loss = F.cross_entropy(logits, batch_labels)
+        extra = hooks.extra_loss(batch_inputs, batch_labels, features, logits)
+        if extra is not None:
+            loss = loss + extra
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    hooks.after_step()
+    return loss.detach()
 
 
 def local_run_payload(run: LocalRun, **metadata: Any) -> dict[str, Any]:
@@ -179,6 +206,7 @@ def training_step(model_name: str, num_classes: int, projection_dim: int | None,
     runs: dict[Compute, Any] = {}
 
     def step(option: Compute) -> int:
+        configure_device(device, option.precision)  # before the first CUDA kernel of the calibration
         if option not in runs:
             model = option.model(build_model(model_name, num_classes, projection_dim, seed=seed).to(device))
             runs[option] = (start_local_run(model, training, torch.Generator().manual_seed(seed)),

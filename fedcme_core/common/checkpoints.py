@@ -4,7 +4,8 @@ Every file is written atomically (:mod:`fedcme_core.common.atomic`), so a crash 
 half-written file under the final name. A checkpoint is a header
 (``FEDCME-CHECKPOINT-1`` and the SHA-256 of the body) followed by a ``torch.save`` body, so
 a truncated or bit-flipped file is detected on load (torch's zip reader loads a flipped
-tensor byte silently). Every load uses ``torch.load(..., weights_only=True)``: only tensors
+tensor byte silently). Every tensor is written from the CPU, whatever device it trained on (CUDA
+optimizer buffers included), so a plain load works on a machine without a GPU. Every load uses ``torch.load(..., weights_only=True)``: only tensors
 and plain containers, never pickled code.
 """
 
@@ -27,10 +28,28 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated or not a checkpoint; the message names it."""
 
 
+def on_cpu(value: Any) -> Any:
+    """`value` with every tensor not on the CPU (a CUDA optimizer buffer, say) replaced by a detached
+    CPU copy, through dicts, lists and tuples; a container with nothing to move is returned as it is,
+    so a CPU payload is saved byte for byte as before."""
+    if isinstance(value, torch.Tensor):
+        return value if value.device.type == "cpu" else value.detach().to("cpu")
+    if isinstance(value, dict):
+        moved = {key: on_cpu(item) for key, item in value.items()}
+        changed = any(moved[key] is not item for key, item in value.items())
+        return type(value)(moved) if changed else value
+    if type(value) in (list, tuple):
+        moved_items = [on_cpu(item) for item in value]
+        changed = any(new is not old for new, old in zip(moved_items, value))
+        return type(value)(moved_items) if changed else value
+    return value
+
+
 def checkpoint_bytes(payload: dict[str, Any]) -> bytes:
-    """The bytes of a checkpoint file: header, SHA-256 of the body, torch.save body."""
+    """The bytes of a checkpoint file: header, SHA-256 of the body, torch.save body. Every tensor is
+    saved from the CPU (:func:`on_cpu`), so any machine loads any checkpoint."""
     buffer = io.BytesIO()
-    torch.save(payload, buffer)
+    torch.save(on_cpu(payload), buffer)
     body = buffer.getvalue()
     return MAGIC + hashlib.sha256(body).digest() + body
 

@@ -122,8 +122,9 @@ class TrainingConfig(Frozen):
     # fp32, or bf16 autocast of the forward pass and the loss (weights, optimizer state and
     # aggregation stay fp32); "auto" lets the calibration pick bf16 where the device computes it
     # natively and it is faster. "auto" by default since bf16 kept fp32's accuracy over 30-round
-    # runs (BENCHMARKS.md, "bf16 against fp32 in accuracy").
-    precision: Literal["fp32", "bf16", "auto"] = "auto"
+    # runs (BENCHMARKS.md, "bf16 against fp32 in accuracy"). "tf32" (CUDA only, never chosen by
+    # "auto"): fp32 products in TensorFloat-32; fp32 is IEEE fp32 on every device.
+    precision: Literal["fp32", "bf16", "tf32", "auto"] = "auto"
 
 
 class ModelConfig(Frozen):
@@ -194,6 +195,8 @@ class ExperimentConfig(Frozen):
                 f"training.local_epochs: FedCME with exchange '{algorithm.exchange}' needs at least 2 local epochs "
                 f"(it swaps after floor(E/2)), got {self.training.local_epochs}"
             )
+        if self.device == "cpu" and self.training.precision == "tf32":
+            raise ValueError("training.precision: tf32 is TensorFloat-32 of CUDA GPUs; with device: cpu use fp32")
         expected_shape = MODEL_INPUT_SHAPES[self.model.name]
         if self.input_shape != expected_shape:
             raise ValueError(

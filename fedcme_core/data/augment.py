@@ -8,31 +8,77 @@ in NIID-Bench: ``RandomCrop(32, padding=4, padding_mode="reflect")`` then
     out[b] = x_pad[b, :, dy_b : dy_b+H, dx_b : dx_b+W], mirrored left-right when f_b
     dy_b, dx_b ~ U{0..8},  f_b ~ Bernoulli(0.5)
 
-Its randomness comes from the client's batch-order generator, which the local run saves in its
-checkpoints, so an augmented run stays bit-reproducible and resumes mid-phase to the same result.
+Its randomness (offsets and flips) comes from the client's batch-order generator, which the local
+run saves in its checkpoints, so an augmented run stays bit-reproducible and resumes mid-phase to
+the same result. The loop draws a whole epoch's at once on the host (:func:`epoch_draws`: the same
+numbers as drawn batch by batch) and moves them to the device once per epoch.
 It applies to training batches only, never to evaluation, features or evaluation vectors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
 PADDING = 4
 
-Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+Draws = tuple[torch.Tensor, ...]  # an augmentation's random draws for a batch, [..., B] each
 
 
-def crop_flip(batch: torch.Tensor, generator: torch.Generator, padding: int = PADDING) -> torch.Tensor:
-    """batch [B, C, H, W] -> [B, C, H, W]: a random crop of the reflect-padded images, each
-    flipped horizontally with probability 1/2; in the batch's memory layout.
+class Augmentation(Protocol):
+    """A training-batch transform in two parts, so that its randomness is drawn on the host, from the
+    run's CPU generator, once per epoch (:func:`epoch_draws`), and the step itself only slices and
+    computes on the device (no host-to-device copy per step)."""
 
-    The padding is never built: each output pixel's source is computed (the reflection folds an
-    index outside the image back into it) and read with one gather in the batch's own layout."""
+    def draw(self, size: int, generator: torch.Generator) -> Draws:
+        """The random draws for a batch of `size`, on the CPU, from `generator`."""
+        ...
+
+    def apply(self, batch: torch.Tensor, draws: Draws) -> torch.Tensor:
+        """batch [B, C, H, W] -> [B, C, H, W] under `draws` (on the batch's device)."""
+        ...
+
+
+class CropFlip:
+    """``crop_flip`` as draw (offsets [2, B] in 0..2*padding, flips [B] bool) and apply; calling it
+    with a batch and a generator draws and applies at once."""
+
+    def __init__(self, padding: int = PADDING) -> None:
+        self.padding = padding
+
+    def draw(self, size: int, generator: torch.Generator) -> Draws:
+        offsets = torch.randint(0, 2 * self.padding + 1, (2, size), generator=generator)  # [2, B]
+        flips = torch.rand(size, generator=generator) < 0.5  # [B]
+        return offsets, flips
+
+    def apply(self, batch: torch.Tensor, draws: Draws) -> torch.Tensor:
+        return _crop_flip(batch, draws[0], draws[1], self.padding)
+
+    def __call__(self, batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """batch [B, C, H, W] -> [B, C, H, W]: a random crop of the reflect-padded images, each
+        flipped horizontally with probability 1/2; in the batch's memory layout.
+
+        The padding is never built: each output pixel's source is computed (the reflection folds an
+        index outside the image back into it) and read with one gather in the batch's own layout."""
+        offsets, flips = self.draw(batch.shape[0], generator)
+        return self.apply(batch, (offsets.to(batch.device), flips.to(batch.device)))
+
+
+crop_flip = CropFlip()
+
+
+def epoch_draws(augment: Augmentation, num_samples: int, batch_size: int, generator: torch.Generator) -> Draws:
+    """An epoch's draws, batch after batch, in the order the loop used to draw them per batch (so a
+    CPU run draws the same numbers), joined along the sample dimension: batch i's are [..., i*b:(i+1)*b]."""
+    per_batch = [augment.draw(min(batch_size, num_samples - start), generator)
+                 for start in range(0, num_samples, batch_size)]
+    return tuple(torch.cat(parts, dim=-1) for parts in zip(*per_batch))
+
+
+def _crop_flip(batch: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, padding: int) -> torch.Tensor:
+    """crop_flip under offsets [2, B] and flips [B], both on the batch's device."""
     size, channels, height, width = batch.shape
-    offsets = torch.randint(0, 2 * padding + 1, (2, size), generator=generator).to(batch.device)  # [2, B]
-    flips = (torch.rand(size, generator=generator) < 0.5).to(batch.device)  # [B]
     rows = _reflect(offsets[0, :, None] - padding + torch.arange(height, device=batch.device), height)  # [B, H]
     columns = offsets[1, :, None] - padding + torch.arange(width, device=batch.device)  # [B, W]
     columns = _reflect(torch.where(flips[:, None], columns.flip(1), columns), width)  # flipped: read backwards

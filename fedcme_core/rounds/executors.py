@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from fedcme_core.common.errors import machine_error
 from fedcme_core.server.faults import StepFailure
 
 
@@ -71,11 +72,17 @@ def largest_first(clients: Sequence[int], sizes: Sequence[int] | dict[int, int])
 
 
 def with_retries(function: Callable[..., Any], args: tuple, retries: int) -> Any | StepFailure:
-    """function(*args), run up to 1 + `retries` times; a :class:`StepFailure` if it still raises."""
+    """function(*args), run up to 1 + `retries` times; a :class:`StepFailure` if it still raises.
+
+    The machine's faults are not the client's: a full or read-only disk (:func:`machine_error`)
+    ends the run at once, as a StorageError naming the path and the errno, never retried."""
     for attempt in range(retries + 1):
         try:
             return function(*args)
         except Exception as error:  # a client's failure is data for the round, not the run's end
+            fault = machine_error(error)
+            if fault is not None:
+                raise fault from None
             if attempt == retries:
                 return StepFailure.from_exception(error)
     raise AssertionError("unreachable")

@@ -18,6 +18,7 @@ from fedcme_core.config.schema import ExperimentConfig
 from fedcme_core.server.faults import StepFailure, dropped_clients, surviving_donors
 from fedcme_core.results.records import RoundRecord
 from fedcme_core.rounds import run_record, store
+from fedcme_core.rounds.device import release_resident
 from fedcme_core.rounds.executors import Executor, SerialExecutor, largest_first
 from fedcme_core.rounds.setup import prepare_run
 from fedcme_core.rounds.steps import (
@@ -122,15 +123,19 @@ def run_experiment(
     """Train for config.federation.rounds rounds, resuming a partial run; returns the history.
 
     `on_start` receives the history of the rounds already committed (a resumed run),
-    `on_round` each new round's record after its commit.
+    `on_round` each new round's record after its commit. On every exit the process's resident copies
+    of the training set are released (:func:`fedcme_core.rounds.device.release_resident`).
     """
     executor = executor or SerialExecutor()
     run_dir = str(run_dir)
     executor.call("prepare", prepare_run, config, run_dir, None if partition_file is None else str(partition_file))
     if on_start is not None:
         on_start(store.load_server_state(run_dir, store.completed_rounds(run_dir))["history"])
-    for round_index in range(store.completed_rounds(run_dir), config.federation.rounds):
-        record = run_round(config, run_dir, round_index, executor)
-        if on_round is not None:
-            on_round(record)
+    try:
+        for round_index in range(store.completed_rounds(run_dir), config.federation.rounds):
+            record = run_round(config, run_dir, round_index, executor)
+            if on_round is not None:
+                on_round(record)
+    finally:
+        release_resident()  # this process's GPU copies of the training set (a Dask worker's stay bounded)
     return store.load_server_state(run_dir, store.completed_rounds(run_dir))["history"]

@@ -8,7 +8,10 @@ import functools
 import json
 from pathlib import Path
 
+import torch
+
 from fedcme_core.client.compute import ComputeChoice
+from fedcme_core.client.models import resolve_device
 from fedcme_core.common.atomic import atomic_write_bytes
 from fedcme_core.config.schema import ExperimentConfig, config_from_dict
 from fedcme_core.data.partition_file import Partition, load_partition
@@ -112,3 +115,33 @@ def run_partition_file(run_dir: str | Path) -> Partition:
 @functools.lru_cache(maxsize=4)
 def _load_run_partition(path: str, modified_ns: int) -> Partition:
     return load_partition(Path(path))
+
+
+def run_device(config, run_dir: str | Path) -> torch.device:
+    """The device every step of the run trains on: the one ``compute.json`` recorded when the run was
+    prepared (``device: auto`` resolved once, so a round never mixes a CPU and a GPU); a record made
+    before devices were recorded resolves `config.device` here. A worker without the recorded GPU
+    raises RunError in one line."""
+    recorded = run_compute_choice(run_dir).device.get("type")
+    if recorded is None:
+        return resolve_device(config.device)
+    if recorded == "cuda" and not torch.cuda.is_available():
+        raise RunError(f"{RunPaths(run_dir).compute}: the run trains on cuda, and this process sees no CUDA device")
+    return torch.device(recorded)
+
+
+def device_change(run_dir: str | Path, device: torch.device, allow_change: bool = False) -> str | None:
+    """On resuming: None when the run's recorded device is `device`'s type (or none is recorded), else
+    the change in one line ("trained on cpu, this machine resolves cuda (NVIDIA H100 ...)"). Without
+    `allow_change` that line is a RunError; with it the caller must resolve and record the layout and
+    precision anew (the calibration was the old device's)."""
+    recorded = run_compute_choice(run_dir).device
+    if not recorded or recorded.get("type") == device.type:
+        return None
+    before = recorded.get("type") if recorded.get("type") != "cuda" else f"cuda ({recorded.get('name')})"
+    now = device.type if device.type != "cuda" else f"cuda ({torch.cuda.get_device_name(device)})"
+    line = f"{RunPaths(run_dir).root}: trained on {before}, this machine resolves device to {now}"
+    if not allow_change:
+        raise RunError(f"{line}; resume it where it trained, or pass --allow-device-change (the layout and "
+                       "precision are then calibrated again)")
+    return line

@@ -105,6 +105,23 @@ def run_compute(run_dir: str | Path) -> Compute:
     return run_record.run_compute_choice(run_dir).compute
 
 
+def checked_partition(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None,
+                      labels: np.ndarray) -> Partition | None:
+    """The partition the run will use, verified against `labels` (the run directory's own, else
+    `partition_file`); None when the run is to draw its own. A damaged file, or one made for other
+    data or another number of clients, is a one-line PartitionError or RunError naming the file."""
+    paths = RunPaths(run_dir)
+    if paths.partition.exists():
+        return load_partition(paths.partition, labels=labels)
+    if partition_file is None:
+        return None
+    partition = load_partition(Path(partition_file), labels=labels)
+    if partition.params["num_clients"] != config.federation.num_clients:
+        raise RunError(f"{partition_file}: has {partition.params['num_clients']} clients, "
+                       f"the config's federation.num_clients is {config.federation.num_clients}")
+    return partition
+
+
 def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None = None) -> int:
     """Create (or reopen) a run directory: config, partition, the round-0 server state.
 
@@ -117,19 +134,11 @@ def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: s
     dataset = load_experiment_dataset(config.data, config.seed)
     labels = dataset.y_train.numpy()
     store.last_intact_round(paths.root)
+    partition = checked_partition(config, run_dir, partition_file, labels)
     if not paths.partition.exists():
-        if partition_file is not None:
-            partition = load_partition(Path(partition_file), labels=labels)
-            if partition.params["num_clients"] != config.federation.num_clients:
-                raise RunError(
-                    f"{partition_file}: has {partition.params['num_clients']} clients, "
-                    f"the config's federation.num_clients is {config.federation.num_clients}"
-                )
-        else:
+        if partition is None:
             partition = make_partition(labels, config.partition, config.federation.num_clients, config.seed)
         save_partition(partition, paths.partition)
-    else:
-        load_partition(paths.partition, labels=labels)
     if not paths.compute.exists():  # a resumed run keeps the layout and precision it chose
         run_record.write_compute_choice(run_dir, resolve_run_compute(config, dataset.num_classes))
     run_record.write_config(config, run_dir)

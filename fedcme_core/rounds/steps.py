@@ -28,10 +28,10 @@ from fedcme_core.common.checkpoints import CheckpointError
 from fedcme_core.config.schema import ExperimentConfig
 from fedcme_core.client.evaluation import evaluate
 from fedcme_core.server.faults import require_enough_clients, update_problem
-from fedcme_core.client.models import resolve_device
+from fedcme_core.client.device_flags import configure_device
 from fedcme_core.common.seeding import torch_generator
 from fedcme_core.client.training import load_local_run, save_local_run, start_local_run, train_epochs
-from fedcme_core.rounds import store
+from fedcme_core.rounds import run_record, store
 from fedcme_core.rounds.device import client_data, worker_stream
 from fedcme_core.rounds.setup import available_cores, load_experiment_dataset, new_model, run_compute, run_partition
 from fedcme_core.rounds.store import RunError, RunPaths
@@ -88,7 +88,8 @@ def train_phase_step(
     dataset = load_experiment_dataset(config.data, config.seed)
     partition, counts = run_partition(config, run_dir)
     state = store.shared_server_state(run_dir, round_index)
-    device = resolve_device(config.device)
+    device = run_record.run_device(config, run_dir)  # the run's, resolved once: a round never mixes devices
+    configure_device(device, compute.precision)  # this process's flags (a Dask worker's included)
     # Once per client and phase, so that every batch is gathered in the run's layout.
     inputs, labels = client_data(dataset, torch.tensor(partition.clients[client_id]), device, compute)  # [D_k, ...]
 
@@ -209,7 +210,10 @@ def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: in
     per core on one thread each (`evaluate`), which gives the one-thread figures on any CPU.
     """
     dataset = load_experiment_dataset(config.data, config.seed)
-    model = new_model(config, dataset.num_classes, compute=run_compute(run_dir))
+    compute = run_compute(run_dir)
+    device = run_record.run_device(config, run_dir)
+    configure_device(device, compute.precision)
+    model = new_model(config, dataset.num_classes, device, compute)
     model.load_state_dict(store.held_aggregate(run_dir, round_index)["model"])
     result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes, workers=available_cores())
     return {"test_accuracy": result.accuracy, "test_loss": result.loss,

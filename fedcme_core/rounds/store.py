@@ -20,18 +20,18 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import shutil
 import warnings
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from fedcme_core.common.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
-
-
-class RunError(ValueError):
-    """A run directory cannot be used for this config; the message says why."""
+from fedcme_core.common.errors import RunError as RunError  # the run's errors and names: the ground floor's
+from fedcme_core.common.errors import StorageError, storage_message
+from fedcme_core.common.run_lock import check_experiment_name as check_experiment_name
+from fedcme_core.common.run_lock import experiment_run_dir as experiment_run_dir
 
 
 class RecoveryWarning(UserWarning):
@@ -80,21 +80,6 @@ class RunPaths:
         return self.root / "clients" / f"client-{client_id:04d}-round-{round_index:04d}.pt"
 
 
-EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-
-def check_experiment_name(name: str) -> str:
-    """An experiment name is one path component: letters, digits, '.', '_', '-' (no '/', no '..')."""
-    if not EXPERIMENT_NAME.match(name) or ".." in name:
-        raise RunError(f"experiment name {name!r}: use letters, digits, '.', '_' and '-' only (no '/' or '..')")
-    return name
-
-
-def experiment_run_dir(runs_dir: str | Path, experiment: str) -> Path:
-    """runs_dir/experiment, for a name that cannot escape `runs_dir`."""
-    return Path(runs_dir) / check_experiment_name(experiment)
-
-
 # ------------------------------------------------------------------------ server state
 def completed_rounds(run_dir: str | Path) -> int:
     """How many rounds the run has committed (0 for a new run)."""
@@ -104,25 +89,53 @@ def completed_rounds(run_dir: str | Path) -> int:
 
 
 def last_intact_round(run_dir: str | Path) -> int:
-    """The latest committed round whose server state loads; corrupted later states are moved
-    aside (``round-XXXX.pt.corrupt``, never deleted) with a :class:`RecoveryWarning`."""
+    """The latest committed round whose server state loads. Damaged states above it are moved aside
+    (:func:`quarantine`: ``round-XXXX.pt.corrupt-<UTC time>``, never deleted, never over an earlier
+    one), each with a :class:`RecoveryWarning`. When no kept state loads, nothing is moved and a
+    CheckpointError names every damaged file."""
     paths = RunPaths(run_dir)
-    while True:
-        latest = completed_rounds(paths.root)
-        path = paths.server_state(latest)
+    latest = completed_rounds(paths.root)
+    damaged: list[tuple[Path, CheckpointError]] = []
+    intact = None
+    for round_index in range(latest, -1, -1):
+        path = paths.server_state(round_index)
         if not path.exists():
-            return latest
+            break
         try:
             load_checkpoint(path)
-            return latest
         except CheckpointError as error:
-            if not paths.server_state(latest - 1).exists():
-                raise CheckpointError(f"{error}; no earlier intact round to resume from") from None
-            quarantine = path.with_name(path.name + ".corrupt")
-            os.replace(path, quarantine)
-            warnings.warn(
-                f"{error}; moved to {quarantine.name}, resuming from round {latest - 1}", RecoveryWarning, stacklevel=2
-            )
+            damaged.append((path, error))
+            continue
+        intact = round_index
+        break
+    if not damaged:
+        return latest
+    if intact is None:
+        reasons = "; ".join(str(error) for _, error in damaged)
+        raise CheckpointError(f"{reasons}; no earlier intact round to resume from")
+    for path, error in damaged:
+        moved = quarantine(path)
+        warnings.warn(f"{error}; moved to {moved.name}, resuming from round {intact}", RecoveryWarning, stacklevel=2)
+    return intact
+
+
+def quarantine(path: Path) -> Path:
+    """Move the damaged file `path` aside as ``<name>.corrupt-<UTC time>`` (``-2``, ``-3``... after a
+    name already taken) and return where it went. The new name is made by a hard link, which never
+    replaces a file, so no earlier quarantine is ever overwritten; then `path` is removed."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    attempt = 1
+    while True:
+        target = path.with_name(f"{path.name}.corrupt-{stamp}" + (f"-{attempt}" if attempt > 1 else ""))
+        try:
+            os.link(path, target)
+        except FileExistsError:
+            attempt += 1
+            continue
+        except OSError as error:
+            raise StorageError(storage_message(target, error, "cannot move a damaged file aside")) from None
+        os.unlink(path)
+        return target
 
 
 LEGACY_ALGORITHM_KEYS = ("global_features", "evaluation_vectors")
