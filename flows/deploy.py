@@ -43,7 +43,7 @@ def training_deployment(
     (:func:`flows.train.train_flow`). No run reads the file again."""
     config = load_config(config_file, overrides=overrides)
     schedules = [schedule(cron, timezone)] if cron is not None else None
-    configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner))
+    configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner, config.device))
     return configured_flow.to_deployment(
         name=experiment,
         schedules=schedules,

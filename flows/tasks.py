@@ -24,6 +24,7 @@ the phase's clients packed by size into near-equal groups, 2 x workers tasks a r
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -252,24 +253,28 @@ def retry_unless_machine_fault(task, task_run, state) -> bool:
     return not (isinstance(error, BaseException) and machine_error(error) is not None)
 
 
-def make_task_runner(runner: RunnerConfig):
-    """The Prefect task runner for the `runner` config section."""
+def make_task_runner(runner: RunnerConfig, device: str = "auto"):
+    """The Prefect task runner for the `runner` config section and the run's `device` setting. A local
+    Dask cluster for a CUDA run starts one worker process per visible GPU (`runner.workers` of them
+    when set), each pinned to its GPU (:func:`flows.dask_cluster.gpu_worker_environments`)."""
     workers, _ = worker_layout(runner)
     if runner.kind == "dask":
         from prefect_dask import DaskTaskRunner
 
-        from flows.dask_cluster import local_cluster
+        from flows.dask_cluster import gpu_worker_environments, local_cluster
 
         if runner.dask_address:
             return DaskTaskRunner(address=runner.dask_address)
-        return DaskTaskRunner(
-            cluster_class=local_cluster,
-            cluster_kwargs={
-                "n_workers": workers,
-                "threads_per_worker": 1,
-                "processes": True,
-                "host": "127.0.0.1",
-                "dashboard_address": None,
-            }
-        )
+        cluster_kwargs: dict[str, Any] = {"n_workers": workers, "threads_per_worker": 1, "processes": True,
+                                          "host": "127.0.0.1", "dashboard_address": None}
+        if uses_cuda(device):
+            cluster_kwargs.pop("n_workers")
+            cluster_kwargs["worker_environments"] = gpu_worker_environments(
+                torch.cuda.device_count(), runner.workers, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return DaskTaskRunner(cluster_class=local_cluster, cluster_kwargs=cluster_kwargs)
     return ThreadPoolTaskRunner(max_workers=workers)
+
+
+def uses_cuda(device: str) -> bool:
+    """Whether the device setting trains on CUDA here: "cuda", or "auto" on a machine with a GPU."""
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())

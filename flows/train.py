@@ -293,7 +293,7 @@ def run_held(config: ExperimentConfig, experiment: str, uri: str, ready: Callabl
     if ready is not None:
         ready()
     keep_project_errors_off_the_console()
-    configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner))
+    configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner, config.device))
     summary = configured_flow(config=config, experiment=experiment, **parameters)
     if uses_temporary_server():
         summary["prefect_task_runs_recorded"] = wait_for_task_run_records(

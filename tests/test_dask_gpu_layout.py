@@ -64,3 +64,23 @@ def test_a_local_cluster_pins_each_worker_to_its_gpu():
         seen = client.run(lambda: (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
 
     assert sorted(seen.values()) == [("3", ":4096:8"), ("5", ":4096:8")]
+
+
+def test_the_task_runner_of_a_cuda_run_starts_one_pinned_worker_per_gpu(monkeypatch):
+    from fedcme_core.config.schema import RunnerConfig
+    from flows.tasks import make_task_runner, uses_cuda
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    runner = RunnerConfig(kind="dask", workers=None)
+
+    on_gpus = make_task_runner(runner, "cuda").cluster_kwargs
+    on_cpu = make_task_runner(runner, "cpu").cluster_kwargs
+
+    assert "n_workers" not in on_gpus
+    assert [environment["CUDA_VISIBLE_DEVICES"] for environment in on_gpus["worker_environments"]] == ["4", "6"]
+    assert "worker_environments" not in on_cpu and on_cpu["n_workers"] >= 1
+    assert uses_cuda("auto") and not uses_cuda("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not uses_cuda("auto") and uses_cuda("cuda")

@@ -55,3 +55,23 @@ def test_resuming_on_another_device_is_one_line_naming_both_unless_allowed(tmp_p
     assert "--allow-device-change" in line
     allowed = device_change(gpu_run, torch.device("cpu"), allow_change=True)
     assert allowed is not None and "trained on cuda (NVIDIA H100 80GB HBM3)" in allowed
+
+
+def test_reopening_a_run_on_another_device_is_refused_before_anything_changes(tmp_path, synthetic_config):
+    from fedcme_core import rounds
+
+    config = synthetic_config({"device": "cpu"})
+    run_dir = tmp_path / "run"
+    rounds.prepare_run(config, run_dir)
+    paths = RunPaths(run_dir)
+    record = json.loads(paths.compute.read_text())
+    record["device"] = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}  # as if it had trained on a GPU
+    paths.compute.write_text(json.dumps(record))
+    before = paths.compute.read_bytes()
+
+    with pytest.raises(RunError, match=r"trained on cuda \(NVIDIA H100 80GB HBM3\), this machine resolves device to cpu"):
+        rounds.prepare_run(config, run_dir)
+    assert paths.compute.read_bytes() == before
+
+    assert rounds.prepare_run(config, run_dir, allow_device_change=True) == 0
+    assert json.loads(paths.compute.read_text())["device"]["type"] == "cpu"  # calibrated anew for the CPU

@@ -122,10 +122,14 @@ def checked_partition(config: ExperimentConfig, run_dir: str | Path, partition_f
     return partition
 
 
-def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None = None) -> int:
+def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None = None,
+                allow_device_change: bool = False) -> int:
     """Create (or reopen) a run directory: config, partition, the round-0 server state.
 
-    Reopening with a different config is refused, so a resumed run is the same experiment.
+    Reopening with a different config is refused, so a resumed run is the same experiment; so is
+    reopening it on another device than it trained on (one line naming both,
+    :func:`fedcme_core.rounds.run_record.device_change`), unless `allow_device_change`, which prints
+    that line and calibrates the layout and precision anew for the new device.
     Returns the number of rounds already completed.
     """
     paths = RunPaths(run_dir)
@@ -139,7 +143,12 @@ def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: s
         if partition is None:
             partition = make_partition(labels, config.partition, config.federation.num_clients, config.seed)
         save_partition(partition, paths.partition)
-    if not paths.compute.exists():  # a resumed run keeps the layout and precision it chose
+    if paths.compute.exists():  # a resumed run keeps the layout and precision it chose, on its device
+        change = run_record.device_change(run_dir, resolve_device(config.device), allow_device_change)
+        if change is not None:
+            print(f"{change}; calibrating the layout and precision again", flush=True)
+            run_record.write_compute_choice(run_dir, resolve_run_compute(config, dataset.num_classes))
+    else:
         run_record.write_compute_choice(run_dir, resolve_run_compute(config, dataset.num_classes))
     run_record.write_config(config, run_dir)
     if store.completed_rounds(paths.root) == 0 and not paths.server_state(0).exists():
