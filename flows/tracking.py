@@ -50,7 +50,7 @@ from fedcme_core.results.records import RoundRecord, algorithm_section
 
 from flows.errors import TrackingError
 from flows.gpu_metrics import gpu_metrics_problem
-from flows.shared_stores import retry_busy
+from flows.shared_stores import is_busy, retry_busy
 from flows.tracking_store import experiment_named, first_line, reachable_client, reusable_run, sync_command
 
 METRIC_NAMES = RoundRecord.mlflow_metrics()  # {record key: MLflow name}
@@ -127,7 +127,9 @@ class RunTracker:
         try:
             return self.busy(action)
         except Exception as error:  # mlflow raises MlflowException, OSError, requests errors...
-            self.fail(f"{what}: {first_line(error)}")
+            # A busy store's message may open with SQLAlchemy's autoflush note: name the cause itself.
+            reason = "database is locked (the store stayed busy)" if is_busy(error) else first_line(error)
+            self.fail(f"{what}: {reason}")
             return None
 
     def fail(self, failure: str) -> None:
