@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedcme_core.common.atomic import atomic_write_bytes  # noqa: E402
 from fedcme_core.config.params import ParamsFile, load_params  # noqa: E402
+from flows.names import experiment_name  # noqa: E402
 from flows.report import paper_level as pl  # noqa: E402
 from flows.report.figures import read_accuracy_curve  # noqa: E402
 from flows.report.sensitivity import table  # noqa: E402
@@ -56,7 +57,7 @@ def screen_methods(params: ParamsFile, factor_of_today: str = pl.TODAY) -> dict[
 def published_run(results: Path, grid: str, params: ParamsFile, method: str) -> pl.ScreenRun | None:
     """The seed-0 run of `method` in the grid's first cell, from its published per-round CSV; None if absent."""
     clients, per_round = params.grid.clients[0]
-    name = f"{params.grid.datasets[0]}-{params.grid.partitions[0]}-k{clients}m{per_round}-{method}-s0"
+    name = experiment_name(method, params.grid.datasets[0], params.grid.partitions[0], clients, per_round, 0)
     curve = results / grid / f"{name}.csv"
     if not (results / grid / f"{name}.json").is_file() or not curve.is_file():
         return None
