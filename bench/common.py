@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flows.command import QUIET_ENVIRONMENT as CLI_QUIET_ENVIRONMENT
-from flows.prefect_server import SERVER_ENVIRONMENT, free_port, server_command, stop_with_parent, wait_until_healthy
+from flows.common.command import QUIET_ENVIRONMENT as CLI_QUIET_ENVIRONMENT
+from flows.orchestration.prefect_server import SERVER_ENVIRONMENT, free_port, server_command, stop_with_parent, wait_until_healthy
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent

@@ -38,7 +38,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 
-from flows.processes import stop_left_behind
+from flows.common.processes import stop_left_behind
 
 ROUNDS = 2
 EXPERIMENTS = {"e0": 0, "e1": 1, "e2": 2, "e3": 3, "same": 9}  # experiment -> seed
@@ -104,7 +104,7 @@ def mlflow_steps(uri: str) -> tuple[dict[str, list[int]], int]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    found = client.get_experiment_by_name("fedcme-smoke")  # synthetic data (flows.names.mlflow_experiment_for)
+    found = client.get_experiment_by_name("fedcme-smoke")  # synthetic data (flows.tracking.names.mlflow_experiment_for)
     steps: dict[str, list[int]] = {name: [] for name in EXPERIMENTS}
     empty = 0
     for run in client.search_runs([found.experiment_id]) if found is not None else []:

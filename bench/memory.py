@@ -8,9 +8,9 @@ pages such as torch's libraries count once across processes, is reported beside)
 runner, whose workers are processes:
 
 * core: ``rounds.run_experiment`` with an executor that sends each client's local training
-        to a ``flows.dask_cluster.local_cluster(n_workers=w, threads_per_worker=1, processes=True)`` on
+        to a ``flows.orchestration.dask_cluster.local_cluster(n_workers=w, threads_per_worker=1, processes=True)`` on
         127.0.0.1 (the other steps in the driver, as the Prefect flow runs them);
-* flow: ``flows.train.run_training`` with ``runner.kind: dask`` (Prefect's DaskTaskRunner on the
+* flow: ``flows.orchestration.train.run_training`` with ``runner.kind: dask`` (Prefect's DaskTaskRunner on the
         same LocalCluster, a temporary Prefect server and MLflow sqlite store, all in scratch
         folders) - the tree then also holds the Prefect server.
 
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import common
 
-from flows.processes import command_line, group_members
+from flows.common.processes import command_line, group_members
 
 common.quiet_environment()
 
@@ -60,7 +60,7 @@ class DaskExecutor:
         import torch
         from distributed import Client
 
-        from flows.dask_cluster import local_cluster
+        from flows.orchestration.dask_cluster import local_cluster
 
         # in-process workers (processes=False) talk over dask's inproc transport: no host to bind
         where = {"host": "127.0.0.1"} if processes else {}
@@ -95,8 +95,8 @@ def child(spec: dict) -> None:
     if spec["via"] == "flow":
         os.environ["PREFECT_HOME"] = str(scratch / "prefect-home")
         os.environ.pop("PREFECT_API_URL", None)
-        from flows.prefect_server import run_against_prefect
-        from flows.train import run_training
+        from flows.orchestration.prefect_server import run_against_prefect
+        from flows.orchestration.train import run_training
 
         # The temporary server as `fedcme train` starts it: stopped when the run returns, also in a
         # forked child (which exits without atexit handlers, where Prefect's own would stop its server).

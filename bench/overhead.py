@@ -1,7 +1,7 @@
 """Orchestration overhead: wall time of a FedCME round through the Prefect flow against the ideal,
 and against a plain Python loop over the same core functions.
 
-The flow (``flows.train.run_training``: Prefect tasks on the configured task runner, MLflow
+The flow (``flows.orchestration.train.run_training``: Prefect tasks on the configured task runner, MLflow
 tracking into a scratch sqlite store) runs under a temporary Prefect server whose PREFECT_HOME
 is a scratch folder. Every round's record (``rounds.run_round``) holds its wall time
 ``round_seconds`` and its parts; the ideal of a round, computed from the same record, is
@@ -114,7 +114,7 @@ def main() -> None:
     values["federation"]["rounds"] = rounds
     config = config_from_dict(values)
     torch.set_num_threads(1)
-    from flows.train import run_training  # imports prefect (after PREFECT_HOME is set)
+    from flows.orchestration.train import run_training  # imports prefect (after PREFECT_HOME is set)
 
     runs_dir = SCRATCH / "runs"
     tracking_uri = f"sqlite:///{SCRATCH / 'mlflow.db'}"

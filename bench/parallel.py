@@ -9,7 +9,7 @@ upload checkpoint), in a prepared run directory. Layouts:
              (what the default ``threads`` runner does);
 * processes: ``concurrent.futures.ProcessPoolExecutor`` (forkserver, preloading torch and the
              core once; or --start-method spawn), each worker torch threads = 1;
-* dask:      ``flows.dask_cluster.local_cluster(n_workers=2, threads_per_worker=1, processes=True)``
+* dask:      ``flows.orchestration.dask_cluster.local_cluster(n_workers=2, threads_per_worker=1, processes=True)``
              on 127.0.0.1 (a LocalCluster whose workers keep glibc's malloc defaults), each
              worker torch threads = 1 (what the ``dask`` runner starts);
 * bare:      the processes layout running, from the same global model, a bare PyTorch loop
@@ -146,7 +146,7 @@ class DaskLayout:
     def __init__(self, config, run_dir: str, workers: int) -> None:
         from distributed import Client
 
-        from flows.dask_cluster import local_cluster
+        from flows.orchestration.dask_cluster import local_cluster
 
         self.cluster = local_cluster(
             n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None

@@ -108,7 +108,7 @@ def prefect_environment(scratch: Path, shared_server: str | None = None) -> dict
 def warm_prefect_home(scratch: Path) -> None:
     """Start and stop the temporary server once, so that every timed run finds a migrated
     database, as a researcher's second and later runs do (the cold start is bench/startup.py's)."""
-    script = ("from flows.prefect_server import startup_timeout, temporary_prefect_server\n"
+    script = ("from flows.orchestration.prefect_server import startup_timeout, temporary_prefect_server\n"
               "with temporary_prefect_server() as server:\n    server.wait_ready(startup_timeout())\n")
     subprocess.run([sys.executable, "-c", script], cwd=common.REPO_ROOT, env=prefect_environment(scratch), check=True,
                    capture_output=True)

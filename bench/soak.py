@@ -37,7 +37,7 @@ def main() -> None:
 
     from fedcme_core.config import load_config
     from fedcme_core.rounds import completed_rounds
-    from flows.train import run_training
+    from flows.orchestration.train import run_training
 
     scratch = Path(tempfile.mkdtemp(prefix="fedcme-bench-soak-"))
     run_dir = scratch / "runs" / "soak"

@@ -43,7 +43,7 @@ from pathlib import Path
 import common
 import yaml
 
-from flows.processes import stop_left_behind
+from flows.common.processes import stop_left_behind
 
 ROUND_LINE = re.compile(r"^round\s+1/")
 

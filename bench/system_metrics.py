@@ -1,7 +1,7 @@
 """The cost of MLflow's system metrics on a training round: the flow with them off, on at the
 default 10 s sampling interval, and on at 1 s (the worst case a config allows near), interleaved.
 
-Each variant is a whole run of `--rounds` rounds through ``flows.train.run_training`` (Prefect
+Each variant is a whole run of `--rounds` rounds through ``flows.orchestration.train.run_training`` (Prefect
 tasks under a temporary Prefect server in a scratch PREFECT_HOME, MLflow into a scratch sqlite
 store); round 0 is excluded. Reported: the median round_seconds of each variant and their ratios
 to the run without system metrics, and the number of `system/...` metrics the runs logged.
@@ -55,7 +55,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from mlflow.tracking import MlflowClient
 
-    from flows.train import run_training  # imports prefect (after PREFECT_HOME is set)
+    from flows.orchestration.train import run_training  # imports prefect (after PREFECT_HOME is set)
 
     runs_dir, uri = SCRATCH / "runs", f"sqlite:///{SCRATCH / 'mlflow.db'}"
 

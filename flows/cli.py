@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from flows.command import quiet_environment, report_errors, show_warning
+from flows.common.command import quiet_environment, report_errors, show_warning
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -43,7 +43,7 @@ def simulate(arguments: argparse.Namespace) -> int:
     from fedcme_core.rounds import experiment_run_dir, load_experiment_dataset
     from fedcme_core.rounds.lock import hold_run
 
-    from flows.command import check_device
+    from flows.common.command import check_device
 
     config = load_config(arguments.config, overrides=dict(arguments.overrides))
     run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
@@ -85,7 +85,7 @@ def simulate_held(arguments: argparse.Namespace, config, run_dir) -> int:
 
 
 def train(arguments: argparse.Namespace) -> int:
-    """Validate the config, take the run directory, then start Prefect and train (flows.train).
+    """Validate the config, take the run directory, then start Prefect and train (flows.orchestration.train).
 
     The config (a whole params file, grid included) is validated first (0.3 s, no torch), so a typo
     starts nothing; the run directory's lock comes next (no torch either,
@@ -95,7 +95,7 @@ def train(arguments: argparse.Namespace) -> int:
     from fedcme_core.common.run_lock import experiment_run_dir, hold_run
     from fedcme_core.config import load_config
 
-    from flows.prefect_server import run_against_prefect
+    from flows.orchestration.prefect_server import run_against_prefect
 
     overrides = dict(arguments.overrides)
     if arguments.register_model is not None:  # validated with the config: a bad name is one line
@@ -104,7 +104,7 @@ def train(arguments: argparse.Namespace) -> int:
     run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
 
     def action(ready: Callable[[], None]) -> dict[str, Any]:
-        from flows.train import run_training
+        from flows.orchestration.train import run_training
 
         return run_training(
             config,
@@ -123,7 +123,7 @@ def train(arguments: argparse.Namespace) -> int:
 
 
 def serve(arguments: argparse.Namespace) -> int:
-    from flows.deploy import serve_training
+    from flows.orchestration.deploy import serve_training
 
     serve_training(
         arguments.config,
@@ -144,7 +144,7 @@ def sync(arguments: argparse.Namespace) -> int:
     from fedcme_core.rounds import experiment_run_dir
     from fedcme_core.rounds.lock import hold_run
 
-    from flows.sync import sync_run
+    from flows.tracking.sync import sync_run
 
     run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
     with hold_run(run_dir) if run_dir.is_dir() else contextlib.nullcontext():  # none: sync_run says what is wrong
@@ -239,8 +239,8 @@ def run_command(arguments: argparse.Namespace) -> int:
 
 
 def entry() -> None:
-    """The `fedcme` console script: `main`, then a prompt exit (flows.command.exit_promptly)."""
-    from flows.command import exit_promptly
+    """The `fedcme` console script: `main`, then a prompt exit (flows.common.command.exit_promptly)."""
+    from flows.common.command import exit_promptly
 
     exit_promptly(main())
 

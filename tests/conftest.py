@@ -38,7 +38,7 @@ def prefect_server():
 
 
 SET_UP_PREFECT_HOME = """
-from flows.prefect_server import TemporaryServer
+from flows.orchestration.prefect_server import TemporaryServer
 server = TemporaryServer()
 server.wait_ready(300)
 server.stop()
@@ -87,7 +87,7 @@ class UsedStores:
             return path
 
     def prefect_home(self) -> Path:
-        """A PREFECT_HOME whose database a temporary server (flows.prefect_server) has set up, then stopped."""
+        """A PREFECT_HOME whose database a temporary server (flows.orchestration.prefect_server) has set up, then stopped."""
         with self._lock:
             home = self.folder() / "prefect-home"
             if not home.exists():
@@ -123,7 +123,7 @@ def mlflow_schema_built_once():
     and every fresh store of this process gets its pages (sqlite's backup API) in place of the
     migrations: the same tables, indexes and alembic revision. The rest of the store's opening is
     MLflow's and the project's own, as before (the default experiment with this store's artifact
-    location, flows.tracking_store's aside-and-rename and first-use lock). Commands started as
+    location, flows.tracking.store's aside-and-rename and first-use lock). Commands started as
     subprocesses migrate their stores themselves (unless a test seeds them, UsedStores.seed)."""
     from mlflow.store.db import utils
 

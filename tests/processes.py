@@ -1,4 +1,4 @@
-"""What the tests ask of the process table (:mod:`flows.processes`): which processes a command started,
+"""What the tests ask of the process table (:mod:`flows.common.processes`): which processes a command started,
 found by an environment entry every child inherits (PREFECT_HOME=..., or a token of the test's own)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import signal
 import time
 from pathlib import Path
 
-from flows.processes import command_line, live_processes, processes_with_environment, stop_left_behind
+from flows.common.processes import command_line, live_processes, processes_with_environment, stop_left_behind
 
 
 def is_gone(pid: int) -> bool:

@@ -15,8 +15,8 @@ import pytest
 
 from fedcme_core.config import load_config
 from fedcme_core.rounds import final_model
-from flows.errors import OrchestratorError
-from flows.train import run_training
+from flows.common.errors import OrchestratorError
+from flows.orchestration.train import run_training
 
 from .conftest import REPO_ROOT
 from .helpers import same_state

@@ -7,7 +7,7 @@ import os
 import pytest
 from distributed import Client, LocalCluster
 
-from flows.dask_cluster import local_cluster
+from flows.orchestration.dask_cluster import local_cluster
 
 pytestmark = pytest.mark.slow  # two LocalClusters of worker processes
 

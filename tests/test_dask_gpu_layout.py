@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from flows.dask_cluster import gpu_worker_environments, local_cluster, one_device, worker_device, worker_problem
-from flows.errors import OrchestratorError
+from flows.orchestration.dask_cluster import gpu_worker_environments, local_cluster, one_device, worker_device, worker_problem
+from flows.common.errors import OrchestratorError
 
 
 @pytest.mark.parametrize(("gpus", "workers", "visible", "pinned"), [
@@ -46,7 +46,7 @@ def test_a_cpu_worker_refuses_a_cuda_run_itself(tmp_path, synthetic_config, monk
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     marker = tmp_path / "marker"
     marker.write_text("fedcme\n")
-    from flows.dask_cluster import code_digest
+    from flows.orchestration.dask_cluster import code_digest
 
     values = synthetic_config({"device": "cuda"}).model_dump(mode="json")
     problem = worker_problem(str(marker), values, code_digest())
@@ -68,7 +68,7 @@ def test_a_local_cluster_pins_each_worker_to_its_gpu():
 
 def test_the_task_runner_of_a_cuda_run_starts_one_pinned_worker_per_gpu(monkeypatch):
     from fedcme_core.config.schema import RunnerConfig
-    from flows.tasks import make_task_runner, uses_cuda
+    from flows.orchestration.tasks import make_task_runner, uses_cuda
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -194,6 +194,6 @@ def test_dataset_checks_its_tensors() -> None:
 def test_importing_the_data_module_leaves_torchvision_unloaded() -> None:
     # torchvision pulls in torch._dynamo (about 2 s of every command's start-up); only a
     # Fashion-MNIST read or a download needs it.
-    code = "import sys, fedcme_core.data.datasets, flows.train; print('torchvision' in sys.modules)"
+    code = "import sys, fedcme_core.data.datasets, flows.orchestration.train; print('torchvision' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "False"

@@ -21,8 +21,8 @@ from fedcme_core.common.checkpoints import load_checkpoint
 from fedcme_core.client.compute import native_bf16
 from fedcme_core.config import load_config
 from fedcme_core.rounds import RunPaths, final_model, load_experiment_dataset, load_server_state
-from flows.tracking import ROUND_METRICS
-from flows.train import run_training, wait_for_task_run_records
+from flows.tracking.run import ROUND_METRICS
+from flows.orchestration.train import run_training, wait_for_task_run_records
 
 from .conftest import REPO_ROOT, USED_STORES
 from .helpers import same_state
@@ -53,7 +53,7 @@ def test_a_task_result_is_registered_by_weak_reference_so_a_recycled_id_draws_no
     from prefect.context import FlowRunContext
     from prefect.utilities.engine import get_state_for_result
 
-    from flows.tasks import Sealed, step_task, unsealed
+    from flows.orchestration.tasks import Sealed, step_task, unsealed
 
     @step_task("toy")
     def toy(value: int) -> dict[str, int]:
@@ -266,7 +266,7 @@ def test_killed_run_resumes_to_the_same_model_without_duplicate_steps(tmp_path, 
 
 
 def test_serve_builds_a_scheduled_deployment_of_the_training_flow():
-    from flows.deploy import training_deployment
+    from flows.orchestration.deploy import training_deployment
 
     deployment = training_deployment(SMOKE, "nightly", cron="0 2 * * *", overrides={"federation.rounds": 3},
                                      timezone="Europe/Berlin")

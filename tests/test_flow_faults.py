@@ -23,7 +23,7 @@ from fedcme_core.server.faults import state_problem
 from fedcme_core.rounds import RunPaths, load_server_state
 from fedcme_core.data.partition import PartitionError
 from flows.cli import main
-from flows.train import run_training
+from flows.orchestration.train import run_training
 
 from .conftest import REPO_ROOT, USED_STORES
 from .test_faults import FlakyTraining, first_client_of_round_zero
@@ -79,10 +79,10 @@ def test_an_unreachable_tracking_server_is_reported_before_training(tmp_path, ca
 HELD_AFTER_ROUND_1 = """
 import json, pathlib, sys, time
 from mlflow.tracking import MlflowClient
-import flows.train
+import flows.orchestration.train
 from flows.cli import main
 gate = pathlib.Path(sys.argv.pop(1))
-round_line = flows.train.round_line
+round_line = flows.orchestration.train.round_line
 def logged(run_dir, uri):  # the run's writer logs round 1 in the background: wait until it has
     client = MlflowClient(uri)
     run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
@@ -99,7 +99,7 @@ def held(record, *args):
         while not gate.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
     return line
-flows.train.round_line = held
+flows.orchestration.train.round_line = held
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -7,7 +7,7 @@ import re
 import sys
 import types
 
-from flows.gpu_metrics import gpu_metrics_problem
+from flows.tracking.gpu_metrics import gpu_metrics_problem
 
 from .conftest import REPO_ROOT
 

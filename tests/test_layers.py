@@ -6,6 +6,11 @@ Bottom to top (a module may import its own layer and those below it):
 
     common < data < client < server < algorithms < config < results < rounds
 
+The orchestration (``flows``) is layered the same way, every import pointing down, inside functions
+too (its module-level cycles are checked; it defers Prefect's and MLflow's imports for start-up):
+
+    common < tracking < orchestration < report < pipeline < cli
+
 ``config`` sits above ``algorithms``: the config's algorithm union is derived from the registry
 of algorithms. Every module's imports are read from its source (``ast``): module level, inside
 functions, under ``if TYPE_CHECKING``, relative ones resolved, and a module-level
@@ -42,6 +47,12 @@ class Import:
         return f"{self.path}:{self.line}"
 
 
+FLOWS = PACKAGE.parent / "flows"
+# flows/, bottom to top: what the commands share, MLflow, Prefect, the report, the DVC pipeline, then the CLI.
+FLOWS_LAYERS = ("common", "tracking", "orchestration", "report", "pipeline", "cli")
+FLOWS_PLACED = {"flows": "common", "flows.cli": "cli"}
+
+
 def module_name(path: Path, root: Path = PACKAGE) -> str:
     parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -51,11 +62,11 @@ def library_modules(root: Path = PACKAGE) -> dict[str, Path]:
     return {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
 
 
-def layer_of(module: str) -> str | None:
-    if module in PLACED:
-        return PLACED[module]
+def layer_of(module: str, layers: tuple[str, ...] = LAYERS, placed: dict[str, str] = PLACED) -> str | None:
+    if module in placed:
+        return placed[module]
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+    return parts[1] if len(parts) > 1 and parts[1] in layers else None
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -115,25 +126,26 @@ def library_imports(root: Path = PACKAGE) -> list[Import]:
                                     str(path.relative_to(root.parent)), path.name == "__init__.py")]
 
 
-def layer_problems(imports: list[Import]) -> list[str]:
+def layer_problems(imports: list[Import], package: str = "fedcme_core", layers: tuple[str, ...] = LAYERS,
+                   placed: dict[str, str] = PLACED) -> list[str]:
     problems = []
     for found in imports:
-        if found.target.split(".")[0] != "fedcme_core":
+        if found.target.split(".")[0] != package:
             continue
-        source, target = layer_of(found.module), layer_of(found.target)
+        source, target = layer_of(found.module, layers, placed), layer_of(found.target, layers, placed)
         if source is None or target is None:
             unplaced = found.module if source is None else found.target
-            problems.append(f"{found.where()}: {unplaced} is in no layer (place it in test_layers.PLACED)")
-        elif LAYERS.index(target) > LAYERS.index(source):
+            problems.append(f"{found.where()}: {unplaced} is in no layer (place it in test_layers' placed modules)")
+        elif layers.index(target) > layers.index(source):
             problems.append(f"{found.where()}: {found.module} ({source}) imports {found.target} ({target}), a layer above")
     return problems
 
 
-def cycles(imports: list[Import]) -> list[list[str]]:
-    """The import cycles among the library's modules (each found once, from a depth-first search)."""
+def cycles(imports: list[Import], package: str = "fedcme_core") -> list[list[str]]:
+    """The import cycles among a package's modules (each found once, from a depth-first search)."""
     graph: dict[str, set[str]] = {}
     for found in imports:
-        if found.target.split(".")[0] == "fedcme_core" and found.target != found.module:
+        if found.target.split(".")[0] == package and found.target != found.module:
             graph.setdefault(found.module, set()).add(found.target)
     state: dict[str, str] = {}  # "open" while on the DFS path, "done" after
     path: list[str] = []
@@ -185,6 +197,25 @@ def test_the_library_never_imports_the_orchestration():
     used = [f"{found.where()}: {found.module} imports {found.target}" for found in library_imports()
             if found.target.split(".")[0] in FORBIDDEN]
     assert not used, "fedcme_core imports Prefect, MLflow or DVC (flows/ does):\n" + "\n".join(used)
+
+
+# ------------------------------------------------------------------------------- the orchestration
+def test_every_package_of_the_orchestration_is_a_layer():
+    packages = {path.name for path in FLOWS.iterdir() if (path / "__init__.py").is_file()}
+    singles = {module_name(path, FLOWS) for path in FLOWS.glob("*.py")} - {"flows"}
+    assert packages == set(FLOWS_LAYERS) - {"cli"}, f"packages {sorted(packages)} against the layers {FLOWS_LAYERS}"
+    assert singles <= set(FLOWS_PLACED), f"modules at flows/'s top in no layer: {sorted(singles - set(FLOWS_PLACED))}"
+
+
+def test_every_import_of_the_orchestration_points_down_or_within_its_layer():
+    """Imports inside functions count too (flows/ defers Prefect's and MLflow's for start-up time)."""
+    problems = layer_problems(library_imports(FLOWS), "flows", FLOWS_LAYERS, FLOWS_PLACED)
+    assert not problems, "imports that point up:\n" + "\n".join(problems)
+
+
+def test_no_import_cycle_among_the_orchestration_modules():
+    found = cycles([found for found in library_imports(FLOWS) if not found.hidden], "flows")
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
 
 
 # ----------------------------------------------------------------------------- the checks, checked

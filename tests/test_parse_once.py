@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-import flows.train
+import flows.orchestration.train
 from fedcme_core import rounds
 from fedcme_core.config import load_config
 from fedcme_core.config.schema import ExperimentConfig
@@ -45,7 +45,7 @@ class Parses:
 
         monkeypatch.setattr(ExperimentConfig, "model_validate", classmethod(counting_validate))
         monkeypatch.setattr(Path, "read_text", counting_read_text)
-        for module, name in ((flows.train, "train"), (rounds, "prepare_run")):
+        for module, name in ((flows.orchestration.train, "train"), (rounds, "prepare_run")):
             monkeypatch.setattr(module, name, self._recording(name, getattr(module, name)))
 
     def _recording(self, name, function):
@@ -90,8 +90,8 @@ def test_fedcme_train_parses_its_config_once_and_a_resumed_run_reads_nothing_bac
 
 @pytest.mark.slow
 def test_a_deployment_holds_the_config_validated_once_and_each_run_validates_its_values_once(workdir, monkeypatch):
-    from flows.deploy import training_deployment
-    from flows.train import train_flow
+    from flows.orchestration.deploy import training_deployment
+    from flows.orchestration.train import train_flow
 
     parses = Parses(monkeypatch, [SMOKE])
     overrides = {"federation.rounds": 1, "runner.kind": "sequential", "data.synthetic.num_train": 200,
@@ -141,8 +141,8 @@ def test_the_dvc_train_stage_parses_its_params_file_once(workdir, monkeypatch):
 
     parses = Parses(monkeypatch, [params])
     given = []
-    run_training = flows.train.run_training
-    monkeypatch.setattr(flows.train, "run_training",
+    run_training = flows.orchestration.train.run_training
+    monkeypatch.setattr(flows.orchestration.train, "run_training",
                         lambda config, *a, **k: given.append(config) or run_training(config, *a, **k))
     assert stages.main(["--params", str(params), "train", "--method", "fedavg", "--per-round", "2", *cell]) == 0
 

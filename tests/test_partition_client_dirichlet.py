@@ -256,7 +256,7 @@ def test_the_config_accepts_client_dirichlet():
 
 def test_a_params_file_with_client_dirichlet_and_tag_a01_passes_check(tmp_path, capsys):
     from flows.cli import check
-    from flows.names import setting
+    from flows.tracking.names import setting
 
     path = client_dirichlet_params(tmp_path)
     params = load_params(path)

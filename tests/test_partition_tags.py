@@ -15,7 +15,7 @@ from fedcme_core.config.partition_tags import (
     partition_label,
     partition_overrides,
 )
-from flows.names import experiment_name, partition_name
+from flows.tracking.names import experiment_name, partition_name
 from flows.pipeline.stages import build_parser
 
 from .conftest import REPO_ROOT

@@ -1,4 +1,4 @@
-"""Prefect's temporary server as `fedcme train` starts it itself (flows.prefect_server), for real:
+"""Prefect's temporary server as `fedcme train` starts it itself (flows.orchestration.prefect_server), for real:
 launched before the heavy imports, used by the flow, stopped when the command ends or dies, and
 started by several commands at once on a fresh PREFECT_HOME (one sets the database up first)."""
 
@@ -18,9 +18,9 @@ import prefect
 import pytest
 import yaml
 
-from flows.errors import OrchestratorError
-from flows.prefect_server import TemporaryServer, temporary_prefect_server
-from flows.shared_stores import FirstUse
+from flows.common.errors import OrchestratorError
+from flows.orchestration.prefect_server import TemporaryServer, temporary_prefect_server
+from flows.common.shared_stores import FirstUse
 from .conftest import REPO_ROOT, SYNTHETIC, USED_STORES
 from .processes import children, is_gone, processes_with_environment
 
@@ -64,7 +64,7 @@ def test_train_without_an_api_url_runs_on_its_own_server_and_stops_it(tmp_path):
 def test_the_server_stops_when_the_command_is_killed(tmp_path):
     script = textwrap.dedent("""
         import time
-        from flows.prefect_server import temporary_prefect_server
+        from flows.orchestration.prefect_server import temporary_prefect_server
         with temporary_prefect_server() as server:
             print(server.process.pid, flush=True)
             time.sleep(600)
@@ -102,7 +102,7 @@ def test_a_server_that_exits_while_starting_is_a_one_line_error():
 WAIT_FOR_SERVER = """
 import sys, time
 from pathlib import Path
-from flows.prefect_server import temporary_prefect_server
+from flows.orchestration.prefect_server import temporary_prefect_server
 go = Path(sys.argv[1]) if len(sys.argv) > 1 else None
 while go is not None and not go.exists():  # every process past its imports, then all at once
     time.sleep(0.005)

@@ -1,5 +1,5 @@
 """What a run can check before it trains is checked at its entry point, before a Prefect flow or an
-MLflow run is opened (flows/preflight.py): a damaged partition (given with --partition or in the run
+MLflow run is opened (flows/orchestration/preflight.py): a damaged partition (given with --partition or in the run
 directory), damaged checkpoints, a read-only runs folder or run directory, and free disk against the
 run's footprint. Each ends in one line with no traceback, and leaves earlier runs, quarantines and
 MLflow records as they were."""
@@ -15,9 +15,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fedcme_core.rounds import RunPaths, run_experiment
-from flows import preflight
+from flows.orchestration import preflight
 from flows.cli import main
-from flows.tracking import RunTracker
+from flows.tracking.run import RunTracker
 
 from .conftest import REPO_ROOT, USED_STORES
 
@@ -74,14 +74,14 @@ def finished_mlflow_run(tmp_path, smoke_partition):
     from fedcme_core.config import load_config
     from fedcme_core.rounds import load_server_state
 
-    from flows.train import run_tags
+    from flows.tracking.views import run_tags
 
     runs, database = tmp_path / "runs", tmp_path / "mlflow.db"
     USED_STORES.seed(mlflow_db=database)
     uri = f"sqlite:///{database}"
     config = load_config(SMOKE)
     run_experiment(config, runs / "x")
-    tracker = RunTracker.open(uri, "fedcme-smoke", "x", runs / "x", params=config.flat(), tags=run_tags(config, "x"))
+    tracker = RunTracker.open(uri, "fedcme-smoke", "x", runs / "x", params=config.flat(), tags=run_tags(config, "x", "commit"))
     tracker.sync(load_server_state(runs / "x", 2)["history"])
     tracker.finish("FINISHED")
     return runs, uri, MlflowClient(uri).get_run(tracker.run_id)

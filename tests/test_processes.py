@@ -1,4 +1,4 @@
-"""The process table (flows.processes): finding a command's processes by an inherited environment
+"""The process table (flows.common.processes): finding a command's processes by an inherited environment
 entry, and stopping those it left behind."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from flows.processes import command_line, group_members, live_processes, processes_with_environment, stop_left_behind
+from flows.common.processes import command_line, group_members, live_processes, processes_with_environment, stop_left_behind
 
 
 def started(token: str, seconds: float, new_session: bool = False) -> subprocess.Popen:

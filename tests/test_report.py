@@ -19,7 +19,7 @@ from flows.report.tables import (
 from flows.report.build import cell_columns
 from flows.report.build import compute_description
 from flows.report.seed_stats import ACCURACY_KEYS, CSV_COLUMNS, PairedDifference, SeedStats, p_text, summary_csv
-from flows.names import experiment_name
+from flows.tracking.names import experiment_name
 from fedcme_core.config.params import params_from_dict
 from fedcme_core.config.sections import PUBLISHED_MEASURES
 

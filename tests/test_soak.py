@@ -11,7 +11,7 @@ import pytest
 
 from fedcme_core.config import load_config
 from fedcme_core.rounds import completed_rounds
-from flows.train import run_training
+from flows.orchestration.train import run_training
 
 from .conftest import REPO_ROOT
 

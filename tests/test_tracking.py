@@ -18,11 +18,11 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from flows import shared_stores
-from flows.errors import TrackingError
-from flows.shared_stores import FirstUse
-from flows.tracking import RunTracker
-from flows.tracking_store import open_client, warm_up
+from flows.common import shared_stores
+from flows.common.errors import TrackingError
+from flows.common.shared_stores import FirstUse
+from flows.tracking.run import RunTracker
+from flows.tracking.store import open_client, warm_up
 
 from .conftest import REPO_ROOT
 from .test_records import record
@@ -104,7 +104,7 @@ def test_the_warm_up_opens_the_store_and_builds_mlflows_package_map_that_log_mod
 OPEN_AT_ONCE = """
 import sys, time
 from pathlib import Path
-from flows.tracking import RunTracker
+from flows.tracking.run import RunTracker
 from tests.test_records import record
 folder, name = Path(sys.argv[1]), sys.argv[2]
 (folder / name).mkdir()

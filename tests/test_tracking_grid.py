@@ -1,4 +1,4 @@
-"""The grid run's parent MLflow run (flows.tracking_grid) against a real sqlite store, read back through
+"""The grid run's parent MLflow run (flows.tracking.grid) against a real sqlite store, read back through
 MLflow's own client: one parent however many stages look for it at once, its children, the report's
 artifacts and summary metrics, and a tracking failure that stops nothing. The real `dvc repro` of the
 smoke grid checks the same through the stages (tests/test_pipeline.py)."""
@@ -15,10 +15,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from fedcme_core.config.params import load_params
-from flows import tracking_grid
-from flows.names import experiment_name
-from flows.tracking import RunTracker
-from flows.tracking_grid import PARENT_TAG, close_grid_parent, grid_key, open_grid_parent, parent_metrics
+from flows.tracking import grid as tracking_grid
+from flows.tracking.names import experiment_name
+from flows.tracking.run import RunTracker
+from flows.tracking.grid import PARENT_TAG, close_grid_parent, grid_key, open_grid_parent, parent_metrics
 
 from .conftest import REPO_ROOT
 from .test_records import record
@@ -35,7 +35,7 @@ OPEN_AT_ONCE = """
 import sys, time
 from pathlib import Path
 from fedcme_core.config.params import load_params
-from flows.tracking_grid import open_grid_parent
+from flows.tracking.grid import open_grid_parent
 folder, name, params_file = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 params = load_params(params_file)
 (folder / name).touch()

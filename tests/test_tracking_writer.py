@@ -1,4 +1,4 @@
-"""A training run's MLflow writes go through one background writer (flows/tracking_writer.py): the rounds
+"""A training run's MLflow writes go through one background writer (flows/tracking/writer.py): the rounds
 never wait for the store, a busy store costs one warning when it first refuses and one when it answers
 again, MLflow's own tracebacks go to the run's log file, and a store busy past the wait turns tracking
 off with a complete `fedcme sync` command that works as printed and logs nothing the second time."""
@@ -23,9 +23,9 @@ from mlflow.tracking import MlflowClient
 
 from fedcme_core.config import load_config
 from fedcme_core.rounds import completed_rounds
-from flows import tracking_writer
-from flows.tracking_store import sync_command
-from flows.tracking_writer import BusyWait, TrackingWriter, mlflow_log_to
+from flows.tracking import writer as tracking_writer
+from flows.tracking.store import sync_command
+from flows.tracking.writer import BusyWait, TrackingWriter, mlflow_log_to
 
 from .conftest import REPO_ROOT, USED_STORES
 
@@ -206,7 +206,7 @@ def commit_times(run_dir: Path, rounds: int, stop: threading.Event) -> list[floa
 @pytest.mark.slow
 def test_a_store_locked_past_the_wait_never_slows_the_rounds_and_the_printed_sync_logs_the_rest(
         tmp_path, capfd, monkeypatch, prefect_server):
-    from flows.train import run_training
+    from flows.orchestration.train import run_training
 
     monkeypatch.setattr(tracking_writer, "BUSY_WAIT", 4.0)  # MLflow's own 20 s sqlite wait comes on top
     database, runs, rounds = tmp_path / "mlflow.db", tmp_path / "runs", 14

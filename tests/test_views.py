@@ -8,15 +8,15 @@ from mlflow.tracking import MlflowClient
 
 from fedcme_core.config import load_config
 from fedcme_core.config.schema import ConfigError, config_from_dict
-from flows.names import method_label, mlflow_experiment_for, run_name
-from flows.tracking import git_commit
-from flows.train import run_training
-from flows.views import mlflow_run_url, prefect_flow_run_url
+from flows.tracking.names import method_label, mlflow_experiment_for, run_name
+from flows.tracking.run import git_commit
+from flows.orchestration.train import run_training
+from flows.tracking.views import mlflow_run_url, prefect_flow_run_url
 
 from .conftest import REPO_ROOT
 
 SMOKE = str(REPO_ROOT / "configs" / "smoke.yaml")
-COMMIT_AT_IMPORT = git_commit(REPO_ROOT)  # beside flows.train's import, which reads the flow's version
+COMMIT_AT_IMPORT = git_commit(REPO_ROOT)  # beside flows.orchestration.train's import, which reads the flow's version
 
 
 def prefect_views(flow_run_id: str):

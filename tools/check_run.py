@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedcme_core.config.params import load_params  # noqa: E402
-from flows.names import experiment_name  # noqa: E402
+from flows.tracking.names import experiment_name  # noqa: E402
 
 REPORT = Path("reports/results.md")
 FIGURE = Path("reports/figures/accuracy.png")

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedcme_core.common.atomic import atomic_write_bytes  # noqa: E402
 from fedcme_core.config.params import ParamsFile, load_params  # noqa: E402
-from flows.names import experiment_name  # noqa: E402
+from flows.tracking.names import experiment_name  # noqa: E402
 from flows.report import paper_level as pl  # noqa: E402
 from flows.report.figures import read_accuracy_curve  # noqa: E402
 from flows.report.sensitivity import table  # noqa: E402

@@ -31,7 +31,7 @@ from fedcme_core.config.params import load_params  # noqa: E402
 from flows.report.build import cell_columns, write_report  # noqa: E402
 from flows.report.inputs import load_metrics  # noqa: E402
 from flows.report.published import published_figures  # noqa: E402
-from flows.names import experiment_name  # noqa: E402
+from flows.tracking.names import experiment_name  # noqa: E402
 from flows.pipeline.stages import write_json  # noqa: E402
 
 DOCS = Path("docs")

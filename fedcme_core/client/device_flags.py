@@ -2,7 +2,7 @@
 
 :func:`configure_device` runs in every process that trains or evaluates (the command's own, and
 each Dask worker's, through ``fedcme_core.rounds.steps``, the calibration's training step and
-``flows.dask_cluster``), before the run's first CUDA kernel. On CUDA it
+``flows.orchestration.dask_cluster``), before the run's first CUDA kernel. On CUDA it
 
 - turns on ``torch.use_deterministic_algorithms`` (``index_add_`` of the local features then adds
   in a fixed order, and an operation with no deterministic kernel raises instead of drifting);

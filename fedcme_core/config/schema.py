@@ -170,7 +170,7 @@ class TrackingConfig(Frozen):
     # Register the final model in MLflow's model registry under this name, as a new version
     # (`fedcme train --register-model NAME` sets it); None: no registry entry.
     register_model: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][\w.\- ]*$")
-    # The MLflow experiment of the run; None: chosen by the kind of run (flows/names.py:
+    # The MLflow experiment of the run; None: chosen by the kind of run (flows/tracking/names.py:
     # `fedcme-scheduled` for scheduled runs, `fedcme-smoke` for synthetic data, else `fedcme`).
     mlflow_experiment: str | None = Field(None, min_length=1, max_length=256)
 

@@ -1,7 +1,7 @@
 """Where the steps of a round run: the :class:`Executor` protocol and the in-process one.
 
 An executor only decides where a step runs (this process, Prefect tasks on threads or Dask
-workers: ``flows/tasks.py``); the round itself is :func:`fedcme_core.rounds.loop.run_round`.
+workers: ``flows/orchestration/tasks.py``); the round itself is :func:`fedcme_core.rounds.loop.run_round`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Each train stage is its own `fedcme train`-like process. With no Prefect API configured, each
 would start and stop a temporary Prefect server of its own: seconds per experiment, and its
-records gone with it. Here one temporary server (:mod:`flows.prefect_server`) starts first, and
+records gone with it. Here one temporary server (:mod:`flows.orchestration.prefect_server`) starts first, and
 `dvc repro` and every stage it runs inherit its ``PREFECT_API_URL``; the server stops, and dies,
 with this command. A Ctrl-C or SIGTERM stops dvc and the running stage first (a SIGTERM to their
 process group: a background launch may ignore SIGINT, none ignores SIGTERM; the stage records its
@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 
 from flows.pipeline.progress import GridDisplay, GridProgress, pump
-from flows.processes import group_members
+from flows.common.processes import group_members
 
 STAGE_STOP_SECONDS = 60
 
@@ -38,7 +38,7 @@ def stage_experiments(params_path: str = "params.yaml") -> dict[str, str]:
     (``train@fedavg-fmnist-a1.0-clients0-0``: dvc.yaml's matrix names a (K, M) pair by its position)."""
     from fedcme_core.config.params import load_params
 
-    from flows.names import experiment_name
+    from flows.tracking.names import experiment_name
 
     params = load_params(params_path)
     stages = {}
@@ -82,8 +82,8 @@ def stop_within(process: subprocess.Popen, seconds: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from flows.command import quiet_environment, report_errors
-    from flows.prefect_server import run_against_prefect
+    from flows.common.command import quiet_environment, report_errors
+    from flows.orchestration.prefect_server import run_against_prefect
 
     arguments = list(sys.argv[1:] if argv is None else argv)
     quiet_environment()
@@ -126,6 +126,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from flows.command import exit_promptly
+    from flows.common.command import exit_promptly
 
     exit_promptly(main())

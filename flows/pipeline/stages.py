@@ -38,7 +38,7 @@ from fedcme_core.data.partition_file import make_partition, save_partition
 from fedcme_core.data.sources import load_raw, resolve_mirror
 from fedcme_core.results.metrics import history_csv, split_summary, summarize, with_content_hash
 
-from flows.names import experiment_name, partition_name
+from flows.tracking.names import experiment_name, partition_name
 
 # Only the train stage needs torch and the round loop: prepare and partition write numpy arrays and
 # JSON and start without them (2 s of torch's import each).
@@ -123,13 +123,13 @@ def train(arguments: argparse.Namespace, params: ParamsFile) -> None:
     With no Prefect API configured, the stage starts its temporary Prefect server first (as
     `fedcme train` does), and that server dies with the stage.
 
-    The run nests under its grid run's parent MLflow run (:mod:`flows.tracking_grid`), found or
+    The run nests under its grid run's parent MLflow run (:mod:`flows.tracking.grid`), found or
     created here while the Prefect server starts; a stage that fails marks the parent FAILED."""
-    from flows.prefect_server import run_against_prefect
+    from flows.orchestration.prefect_server import run_against_prefect
 
     def action(ready) -> None:
-        from flows.tracking_grid import end_grid_parent, open_grid_parent
-        from flows.train import run_training
+        from flows.tracking.grid import end_grid_parent, open_grid_parent
+        from flows.orchestration.train import run_training
 
         parent = open_grid_parent(params, arguments.params)
         try:
@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.command import quiet_environment, report_errors
+    from flows.common.command import quiet_environment, report_errors
 
     arguments = build_parser().parse_args(argv)
     quiet_environment()
@@ -239,6 +239,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from flows.command import exit_promptly
+    from flows.common.command import exit_promptly
 
     exit_promptly(main())

@@ -13,7 +13,7 @@ does not win, and the figures others published for these settings beside ours
         --params params.yaml --mlflow-parent
 
 With ``--mlflow-parent`` (the report stage of dvc.yaml), the report's files and per-method summary
-metrics go to the grid run's parent MLflow run, which then ends (:mod:`flows.tracking_grid`).
+metrics go to the grid run's parent MLflow run, which then ends (:mod:`flows.tracking.grid`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from flows.report.tables import (
     where_fedcme_does_not_win,
 )
 from flows.report.seed_stats import REFERENCE_METHOD, config_columns, summary_csv
-from flows.names import experiment_name
+from flows.tracking.names import experiment_name
 
 DEFAULT_FINAL_WINDOW = 5
 
@@ -257,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "CSV's columns of what trained each row")
     parser.add_argument("--mlflow-parent", action="store_true",
                         help="with --params: log the report to the grid run's parent MLflow run (found or created; "
-                        "flows.tracking_grid), its experiments' runs (--runs-dir) nested under it, and end it")
+                        "flows.tracking.grid), its experiments' runs (--runs-dir) nested under it, and end it")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="the train stages' run directories")
     arguments = parser.parse_args(argv)
     title = arguments.title or f"FedCME results: the {arguments.grid} grid"
@@ -279,8 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def log_grid_parent(arguments: argparse.Namespace, params: ParamsFile) -> str | None:
     """The report's files and per-method summary metrics on the grid run's parent MLflow run, which
-    ends FINISHED (flows.tracking_grid: a tracking failure is one warning line, never a failed report)."""
-    from flows.tracking_grid import close_grid_parent, parent_metrics
+    ends FINISHED (flows.tracking.grid: a tracking failure is one warning line, never a failed report)."""
+    from flows.tracking.grid import close_grid_parent, parent_metrics
 
     files = {Path(arguments.markdown): "reports", **({Path(arguments.csv): "reports"} if arguments.csv else {}),
              **{path: "reports/figures" for path in sorted(Path(arguments.png).parent.glob("*.png"))}}

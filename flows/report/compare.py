@@ -32,7 +32,7 @@ from fedcme_core.config.partition_tags import entry_partition_tag
 
 from flows.report.figures import setting_curves
 from flows.report.tables import ablation_entries, unique_in_order
-from flows.names import setting_name
+from flows.tracking.names import setting_name
 
 CURVE_COLUMNS = ("round", "method", "accuracy", "accuracy_min", "accuracy_max", "seeds", "setting")
 SUMMARY_COLUMN = re.compile(r"^reports/summary/(?P<method>[^/]+)\.json:final_accuracy$")

@@ -4,7 +4,7 @@ serialised first use of a sqlite store shared by several commands.
 An unreachable tracking server is reported before training starts (:func:`check_reachable`,
 seconds, not MLflow's minutes of retries). Several commands may share one sqlite store, a fresh
 one included: MLflow creates (or migrates) its schema when a process first opens it, and
-:func:`open_client` lets one process at a time do that (``flows.shared_stores.FirstUse``, a lock
+:func:`open_client` lets one process at a time do that (``flows.common.shared_stores.FirstUse``, a lock
 file beside the database), a fresh schema built aside and renamed into place whole; later
 commands open it side by side.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from flows.errors import TrackingError
-from flows.shared_stores import FirstUse, is_busy, retry_busy, sqlite_file
+from flows.common.errors import TrackingError
+from flows.common.shared_stores import FirstUse, is_busy, retry_busy, sqlite_file
 
 SETUP_TIMEOUT = 120.0  # seconds a command waits for another's creation of a sqlite store's schema
 
@@ -100,7 +100,7 @@ _prepared: set[str] = set()  # the URIs whose store this process has opened
 
 def open_client(uri: str, timeout: float = SETUP_TIMEOUT) -> MlflowClient:
     """An MlflowClient of `uri`. The first use of a sqlite store (MLflow creates or migrates its
-    schema then) is serialised across processes by a lock beside the database (flows.shared_stores):
+    schema then) is serialised across processes by a lock beside the database (flows.common.shared_stores):
     commands started at once on a fresh store take turns for it; MLflow keeps the store per URI."""
     database = sqlite_file(uri)
     if database is None or uri in _prepared:

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from flows.errors import OrchestratorError
-from flows.shared_stores import FirstUse, sqlite_file
+from flows.common.errors import OrchestratorError
+from flows.common.shared_stores import FirstUse, sqlite_file
 
 # Prefect's SubprocessASGIServer: the server app without UI and with ephemeral-mode services.
 SERVER_ENVIRONMENT = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
@@ -40,7 +40,7 @@ class TemporaryServer:
     """A Prefect server process on 127.0.0.1, stopped with `stop` (or when this process dies).
 
     A server's start-up creates or migrates the sqlite database under $PREFECT_HOME; on its first
-    use (:class:`~flows.shared_stores.FirstUse`) one server at a time does that: a server launched
+    use (:class:`~flows.common.shared_stores.FirstUse`) one server at a time does that: a server launched
     while another command's is setting the database up waits, unlaunched, until `wait_ready`."""
 
     def __init__(self) -> None:

@@ -3,7 +3,7 @@
 MLflow samples GPU utilisation, memory and power through NVML (``nvidia-ml-py``, pinned in
 requirements.txt) when a GPU is present; when the library is missing or NVML cannot start, it only
 logs at INFO, which this pipeline hides. :func:`gpu_metrics_problem` gives that reason as one line,
-for the command to print where a GPU is present (``flows/tracking.py``'s ``start_system_metrics``).
+for the command to print where a GPU is present (``flows/tracking/run.py``'s ``start_system_metrics``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MLflow tracking of a training run (with ``flows.tracking_store`` and ``flows.tracking_grid``, a grid's
+"""MLflow tracking of a training run (with ``flows.tracking.store`` and ``flows.tracking.grid``, a grid's
 parent run, the only modules that import mlflow).
 
 One MLflow run per experiment, all in one MLflow experiment (default ``fedcme``) so the UI
@@ -11,12 +11,12 @@ final global model through ``mlflow.pytorch.log_model``. The run directory's his
 the source of truth: :meth:`RunTracker.sync` logs exactly the rounds MLflow lacks, so a
 crash between a round's commit and its logging leaves no step missing or duplicated.
 
-Opening the store is ``flows.tracking_store``'s (an unreachable server reported before training,
+Opening the store is ``flows.tracking.store``'s (an unreachable server reported before training,
 a fresh sqlite store's schema created by one command at a time); a call that meets a busy sqlite
-store is retried with a bound (``flows.shared_stores.retry_busy``; a training run's calls are made
-by its background writer, ``flows.tracking_writer``, which waits a busy store out while the rounds go
+store is retried with a bound (``flows.common.shared_stores.retry_busy``; a training run's calls are made
+by its background writer, ``flows.tracking.writer``, which waits a busy store out while the rounds go
 on). A tracking failure mid-run never stops training: the tracker warns once (one line, with the
-complete ``fedcme sync`` command, ``flows.tracking_store.sync_command``) and stops logging, the
+complete ``fedcme sync`` command, ``flows.tracking.store.sync_command``) and stops logging, the
 results stay in the run directory, and ``fedcme sync`` logs them later.
 
 The views (README, "MLflow"): per-round metrics grouped by prefix (``eval/test_accuracy``,
@@ -48,10 +48,10 @@ from mlflow.tracking import MlflowClient
 from fedcme_core.common.atomic import atomic_write_bytes
 from fedcme_core.results.records import RoundRecord, algorithm_section
 
-from flows.errors import TrackingError
-from flows.gpu_metrics import gpu_metrics_problem
-from flows.shared_stores import is_busy, retry_busy
-from flows.tracking_store import experiment_named, first_line, reachable_client, reusable_run, sync_command
+from flows.common.errors import TrackingError
+from flows.tracking.gpu_metrics import gpu_metrics_problem
+from flows.common.shared_stores import is_busy, retry_busy
+from flows.tracking.store import experiment_named, first_line, reachable_client, reusable_run, sync_command
 
 METRIC_NAMES = RoundRecord.mlflow_metrics()  # {record key: MLflow name}
 ROUND_METRICS = tuple(METRIC_NAMES.values())
@@ -82,7 +82,7 @@ class RunTracker:
         self.run_dir = run_dir
         self.failure: str | None = None  # set by the first failed call; later calls are skipped
         self._failing = threading.Lock()  # the run's writer thread and the flow may both fail it
-        self.busy = retry_busy  # how a call meets a busy store (a run's writer waits longer, flows.tracking_writer)
+        self.busy = retry_busy  # how a call meets a busy store (a run's writer waits longer, flows.tracking.writer)
         self._logged: set[int] | None = None
         self._monitor = None  # MLflow's system metrics monitor, while it samples
 
@@ -249,7 +249,7 @@ class RunTracker:
     def log_summary(self, history: list[Mapping[str, Any]]) -> dict[str, Any] | None:
         """At the run's end: ``final_accuracy`` and ``best_accuracy`` (fractions) at the last round's
         step, and the accuracy curve ``figures/accuracy.png``; returns the summary's figures."""
-        from flows.views import accuracy_figure, run_figures
+        from flows.tracking.views import accuracy_figure, run_figures
 
         figures = run_figures(history)
         step, timestamp = figures["rounds"], int(time.time() * 1000)
@@ -270,7 +270,7 @@ class RunTracker:
 
     def summary_logged(self, history: list[Mapping[str, Any]]) -> bool:
         """Whether the run holds the summary of `history` (``final_accuracy`` at its last round's step)."""
-        from flows.views import run_figures
+        from flows.tracking.views import run_figures
 
         figures = run_figures(history)
         logged = self._guarded("reading the summary",

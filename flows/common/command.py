@@ -40,7 +40,7 @@ def known_errors() -> tuple[type[Exception], ...]:
     from fedcme_core.rounds import RunError
     from fedcme_core.data.partition import PartitionError
 
-    from flows.errors import OrchestratorError, TrackingError
+    from flows.common.errors import OrchestratorError, TrackingError
 
     return (ConfigError, DataError, PartitionError, CheckpointError, RunError, RoundError, TrackingError,
             OrchestratorError, StorageError)

@@ -9,19 +9,19 @@ from typing import Any
 from fedcme_core.rounds import RunError, RunPaths, completed_rounds, final_model, load_experiment_dataset, load_server_state
 from fedcme_core.rounds.run_record import recorded_config
 
-from flows.errors import TrackingError
-from flows.names import mlflow_experiment_for, run_name
-from flows.tracking import RunTracker
-from flows.tracking_store import resolve_tracking_uri
-from flows.train import run_tags
+from flows.common.errors import TrackingError
+from flows.tracking.names import mlflow_experiment_for, run_name
+from flows.tracking.run import RunTracker, git_commit
+from flows.tracking.store import resolve_tracking_uri
+from flows.tracking.views import run_tags
 
 
 def sync_run(run_dir: str | Path, tracking_uri: str | None = None, mlflow_experiment: str | None = None) -> dict[str, Any]:
     """Log what MLflow lacks of a run directory: its committed rounds (under the grouped metric names,
-    flows.tracking), its summary (``final_accuracy`` and the figure) and its final model, then end the
+    flows.tracking.run), its summary (``final_accuracy`` and the figure) and its final model, then end the
     run FINISHED. Idempotent: when nothing is missing it logs nothing and leaves the run's status be.
     A run already in MLflow is found through the run directory's record; a new one goes to
-    `mlflow_experiment` (None: chosen as for training, flows.names.mlflow_experiment_for).
+    `mlflow_experiment` (None: chosen as for training, flows.tracking.names.mlflow_experiment_for).
     The config is the run directory's record, parsed once: this command did not train the run
     (another process did), so it holds no config object of its own."""
     paths = RunPaths(run_dir)
@@ -35,7 +35,7 @@ def sync_run(run_dir: str | Path, tracking_uri: str | None = None, mlflow_experi
     history = load_server_state(paths.root, rounds)["history"]
     tracker = RunTracker.open(
         uri, mlflow_experiment_for(config, mlflow_experiment), run_name(config), paths.root, params=config.flat(),
-        tags=run_tags(config, paths.root.name), reopen=False,
+        tags=run_tags(config, paths.root.name, git_commit(Path(__file__).resolve().parents[2])), reopen=False,
     )
     logged = tracker.sync(history)
     summary = not tracker.summary_logged(history) and tracker.failure is None

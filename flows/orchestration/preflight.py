@@ -12,7 +12,7 @@ MLflow run is opened (:func:`check_run`, called with the run directory held).
   the run still starts, and a disk that fills stops it at its first failed write, in one line.
 
 Each failure is one line naming the file and what is wrong (a ``fedcme_core`` error that
-``flows.command.report_errors`` prints), and a run stopped here leaves no MLflow run behind and no
+``flows.common.command.report_errors`` prints), and a run stopped here leaves no MLflow run behind and no
 earlier run's status changed: nothing has opened one yet.
 """
 

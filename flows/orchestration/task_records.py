@@ -9,10 +9,10 @@ from uuid import UUID
 
 def uses_temporary_server() -> bool:
     """True when this process's Prefect server stops with it: Prefect's own temporary server
-    (no PREFECT_API_URL) or the one `fedcme train` started (flows.prefect_server)."""
+    (no PREFECT_API_URL) or the one `fedcme train` started (flows.orchestration.prefect_server)."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows.prefect_server import is_temporary
+    from flows.orchestration.prefect_server import is_temporary
 
     return is_temporary(PREFECT_API_URL.value())
 

@@ -2,7 +2,7 @@
 
 A grid runs through ``dvc repro``, ``python -m flows.pipeline.repro`` (``make run``) or ``dvc exp run``;
 the last two start the stages with no process of ours around them, so the stages share the parent
-between them, found by its tags in the grid's MLflow experiment (``flows.names.mlflow_experiment_for``):
+between them, found by its tags in the grid's MLflow experiment (``flows.tracking.names.mlflow_experiment_for``):
 
 - ``run_kind=grid``, ``grid`` (``report.name``) and ``grid_key``: a hash of the git commit and the
   validated params file minus its ``report`` section (base, methods, datasets, grid, ablation: what
@@ -46,13 +46,13 @@ from mlflow.tracking import MlflowClient
 from fedcme_core.common.locks import FileLock
 from fedcme_core.config.params import ParamsFile
 
-from flows.errors import TrackingError
-from flows.names import experiment_name, mlflow_experiment_for
-from flows.shared_stores import retry_busy, sqlite_file
-from flows.tracking import git_commit
-from flows.tracking_store import experiment_named, first_line, open_client, reachable_client, resolve_tracking_uri
+from flows.common.errors import TrackingError
+from flows.tracking.names import experiment_name, mlflow_experiment_for
+from flows.common.shared_stores import retry_busy, sqlite_file
+from flows.tracking.run import git_commit
+from flows.tracking.store import experiment_named, first_line, open_client, reachable_client, resolve_tracking_uri
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a run under the run it names
 LOCK_TIMEOUT = 60.0  # seconds a stage waits for another's find-or-create of the parent
 
@@ -226,7 +226,7 @@ def close_grid_parent(params: ParamsFile, params_file: str | Path, *, report_fil
         for stale in [found.info.run_id for found in earlier if found.info.run_id not in children.values()]:
             retry_busy(lambda: client.delete_tag(stale, PARENT_TAG))
         retry_busy(lambda: client.set_terminated(parent, status=RunStatus.to_string(RunStatus.FINISHED)))
-        from flows.views import mlflow_run_url
+        from flows.tracking.views import mlflow_run_url
 
         print(f"MLflow: the grid's parent run '{run.run_name()}' holds {len(children)} experiment runs: "
               f"{mlflow_run_url(uri, experiment_id, parent)}", flush=True)

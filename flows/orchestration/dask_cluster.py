@@ -31,7 +31,7 @@ import dask
 from distributed import LocalCluster
 
 from fedcme_core.client.device_flags import WORKSPACE
-from flows.errors import OrchestratorError
+from flows.common.errors import OrchestratorError
 
 PACKAGES = ("fedcme_core", "flows")
 

@@ -1,7 +1,7 @@
 """What a training run shows where a researcher compares runs, besides its per-round metrics: its
 summary figures, its accuracy curve, and the links between its Prefect flow run and its MLflow run.
 
-The Prefect side: the flow run is tagged (`commit:`, `method:`, `seed:`, `grid:`; flows/names.py),
+The Prefect side: the flow run is tagged (`commit:`, `method:`, `seed:`, `grid:`; flows/tracking/names.py),
 its version is the git commit, and it ends with two artifacts, `mlflow-run` (a link to the MLflow
 run: the tracking server's URL, or for a sqlite store the URL `mlflow ui` serves it at, with the run
 id and the store in its description) and `training-summary` (markdown: final accuracy, best, rounds).
@@ -15,7 +15,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fedcme_core.config.schema import ExperimentConfig
 from fedcme_core.results.metrics import summarize
+
+from flows.tracking.names import identity_tags
 
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"  # where README's `mlflow ui ... --host 127.0.0.1` serves a sqlite store
 PREFECT_UI_DEFAULT = "http://127.0.0.1:4200"  # where README's `prefect server start --host 127.0.0.1` serves PREFECT_HOME
@@ -131,3 +134,24 @@ def progress_logger():
     logger.propagate = False
     logger.setLevel(logging.INFO)
     return PrefectLogAdapter(logger, extra=get_run_logger().extra)
+
+
+def run_tags(config: ExperimentConfig, experiment: str, commit: str, prefect_flow_run_id: str | None = None,
+             label: str | None = None, grid: str | None = None, parent_run_id: str | None = None,
+             temporary_prefect: bool = False) -> dict[str, str]:
+    """The MLflow run's tags: what produced it (MLflow's own source tags, so the UI's "Source" shows
+    it), the dataset and the algorithm, what finds it (flows.tracking.names.identity_tags), its Prefect
+    flow run (``prefect_flow_run``: a link where Prefect's UI URL is known, else the id) and, in a
+    grid, its grid run's parent (MLflow's ``mlflow.parentRunId``: flows.tracking.grid). `commit` is the one the
+    flow run's version names, so both views trace the run to one commit; `temporary_prefect`: the flow
+    run's server stops with the command (the link then names the UI that outlives it)."""
+    tags = {"git_commit": commit, "dataset": config.data.dataset, "algorithm": config.algorithm.name,
+            "mlflow.source.type": "JOB", "mlflow.source.name": "fedcme-train (flows/orchestration/train.py)",
+            "mlflow.source.git.commit": commit, **identity_tags(config, experiment, label, grid)}
+    if parent_run_id is not None:
+        tags["mlflow.parentRunId"] = parent_run_id
+    if prefect_flow_run_id is not None:
+        tags["prefect_flow_run_id"] = prefect_flow_run_id
+        tags["prefect_flow_run"] = (prefect_flow_run_url(prefect_flow_run_id, temporary=temporary_prefect)
+                                    or prefect_flow_run_id)
+    return tags

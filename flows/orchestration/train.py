@@ -8,13 +8,13 @@ floor(E/2) and writes swap checkpoints) -> exchange (barrier) -> phase 2 -> aggr
 evaluate -> commit. The clients of a phase run on the configured task runner: ``sequential``,
 ``threads`` (default) or ``dask`` (prefect-dask's DaskTaskRunner on a LocalCluster bound to
 127.0.0.1, or an existing scheduler). Re-running an experiment resumes after its last
-committed round and logs into the same MLflow run; :func:`flows.sync.sync_run` (``fedcme sync``)
+committed round and logs into the same MLflow run; :func:`flows.tracking.sync.sync_run` (``fedcme sync``)
 logs a run directory's rounds and model into MLflow after the fact (when tracking failed mid-run).
 A run directory belongs to one process at a time (``fedcme_core.rounds.lock``).
-What the run shows in the UIs (README, "MLflow"): its name and tags (flows.names), its MLflow
+What the run shows in the UIs (README, "MLflow"): its name and tags (flows.tracking.names), its MLflow
 experiment (smoke and scheduled runs apart from the grids'), the summary, figure, system metrics
-and registered model (flows.tracking), and the Prefect flow run's tags, version and artifacts
-(flows.views).
+and registered model (flows.tracking.run), and the Prefect flow run's tags, version and artifacts
+(flows.tracking.views).
 """
 
 from __future__ import annotations
@@ -45,17 +45,17 @@ from fedcme_core.rounds.lock import hold_run
 from fedcme_core.data.partition_file import load_partition
 from fedcme_core.results.records import round_line
 
-from flows.command import check_device, keep_project_errors_off_the_console
-from flows.preflight import check_run
-from flows.names import flow_run_tags, identity_tags, method_label, mlflow_experiment_for, run_name
-from flows.tasks import PrefectExecutor, make_task_runner, worker_layout
-from flows.tracking import RunTracker, git_commit
-from flows.tracking_writer import TrackingWriter, mlflow_log_to
-from flows.tracking_store import check_reachable, resolve_tracking_uri, warm_up
-from flows.task_records import uses_temporary_server, wait_for_task_run_records
-from flows.views import label_flow_run, prefect_flow_run_url, progress_logger, publish_artifacts, run_figures
+from flows.common.command import check_device, keep_project_errors_off_the_console
+from flows.orchestration.preflight import check_run
+from flows.tracking.names import flow_run_tags, method_label, mlflow_experiment_for, run_name
+from flows.orchestration.tasks import PrefectExecutor, make_task_runner, worker_layout
+from flows.tracking.run import RunTracker, git_commit
+from flows.tracking.writer import TrackingWriter, mlflow_log_to
+from flows.tracking.store import check_reachable, resolve_tracking_uri, warm_up
+from flows.orchestration.task_records import uses_temporary_server, wait_for_task_run_records
+from flows.tracking.views import label_flow_run, progress_logger, publish_artifacts, run_figures, run_tags
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 COMMIT = git_commit(PROJECT_DIR)  # the flow's version: a flow run is traced to its code
 FAILED_RUN_TRACKING_WAIT = 10.0  # seconds a failed or interrupted run waits for its queued MLflow calls
 
@@ -64,25 +64,6 @@ def compute_line(choice) -> str:
     """`compute channels_last+fp32 (calibration: nchw+fp32 2210/s, channels_last+fp32 3120/s)`."""
     rates = ", ".join(f"{name} {rate:.0f}/s" for name, rate in choice.samples_per_second.items())
     return f"compute {choice.compute.name} ({choice.chosen_by}{': ' + rates if rates else ''})"
-
-
-def run_tags(config: ExperimentConfig, experiment: str, prefect_flow_run_id: str | None = None,
-             label: str | None = None, grid: str | None = None, parent_run_id: str | None = None) -> dict[str, str]:
-    """The MLflow run's tags: what produced it (MLflow's own source tags, so the UI's "Source" shows
-    it), the dataset and the algorithm, what finds it (flows.names.identity_tags), its Prefect
-    flow run (``prefect_flow_run``: a link where Prefect's UI URL is known, else the id) and, in a
-    grid, its grid run's parent (MLflow's ``mlflow.parentRunId``: flows.tracking_grid)."""
-    commit = COMMIT  # the commit the flow run's version names: both views trace the run to one commit
-    tags = {"git_commit": commit, "dataset": config.data.dataset, "algorithm": config.algorithm.name,
-            "mlflow.source.type": "JOB", "mlflow.source.name": "fedcme-train (flows/train.py)",
-            "mlflow.source.git.commit": commit, **identity_tags(config, experiment, label, grid)}
-    if parent_run_id is not None:
-        tags["mlflow.parentRunId"] = parent_run_id
-    if prefect_flow_run_id is not None:
-        tags["prefect_flow_run_id"] = prefect_flow_run_id
-        tags["prefect_flow_run"] = (prefect_flow_run_url(prefect_flow_run_id, temporary=uses_temporary_server())
-                                    or prefect_flow_run_id)
-    return tags
 
 
 def dated_experiment(experiment: str, start: datetime) -> str:
@@ -115,14 +96,14 @@ def train_flow(
     `config` is the validated config; the flow reads no config file. Parse once per entry point:
     a command (``fedcme train``, the DVC train stage) validates its file once and calls the flow
     with that object, which Prefect's parameter check passes through as it is (a pydantic model is
-    not validated again). A deployment (flows.deploy) cannot hold an object between runs: its
+    not validated again). A deployment (flows.orchestration.deploy) cannot hold an object between runs: its
     parameters hold the config's plain values, validated when it was built, and Prefect's parameter
     check turns them into an ExperimentConfig once, as each run starts: that run's one parse.
     With `dated` (a scheduled deployment), each run is an experiment of its own, named by its
     scheduled start (:func:`dated_experiment`), so every trigger trains anew. `method_label` and
-    `grid` (a DVC grid cell's) name the run (flows.names); `mlflow_experiment` None: chosen by the
-    kind of run (:func:`flows.names.mlflow_experiment_for`: scheduled and smoke runs apart);
-    `mlflow_parent_run_id` the grid run's parent run (flows.tracking_grid), under which it nests."""
+    `grid` (a DVC grid cell's) name the run (flows.tracking.names); `mlflow_experiment` None: chosen by the
+    kind of run (:func:`flows.tracking.names.mlflow_experiment_for`: scheduled and smoke runs apart);
+    `mlflow_parent_run_id` the grid run's parent run (flows.tracking.grid), under which it nests."""
     if dated:
         experiment = dated_experiment(experiment, flow_run.scheduled_start_time)
     views = {"label": method_label, "grid": grid, "parent_run_id": mlflow_parent_run_id,
@@ -169,7 +150,8 @@ def train_held(
     if config.runner.dask_address:  # workers elsewhere resolve the tasks' paths with their own working directory
         run_dir = run_dir.resolve()
     uri = resolve_tracking_uri(tracking_uri)
-    tags = run_tags(config, experiment, flow_run_id, label, views["grid"], views.get("parent_run_id"))
+    tags = run_tags(config, experiment, COMMIT, flow_run_id, label, views["grid"], views.get("parent_run_id"),
+                    temporary_prefect=uses_temporary_server())
     tracker = RunTracker.open(uri, views["mlflow_experiment"], run_name(config, label), run_dir,
                               params=config.flat(), tags=tags)
     with mlflow_log_to(run_dir):
@@ -260,14 +242,14 @@ def run_training(config: ExperimentConfig, experiment: str, ready: Callable[[], 
     (:func:`fedcme_core.config.load_config`, or a params file's cell); it is passed down as it is,
     never written out and read back in this process. `ready` (a command's
     wait for its Prefect server) is called just before the flow starts, after the work that needs
-    no Prefect: the checks, the dataset and the MLflow store (:func:`~flows.tracking_store.warm_up`).
+    no Prefect: the checks, the dataset and the MLflow store (:func:`~flows.tracking.store.warm_up`).
     The run directory is held (:func:`fedcme_core.rounds.lock.hold_run`; a command holds it from
     its first second) until the end: a second command on it stops at once, in one line. Everything
-    the run can check before training is checked then (:func:`flows.preflight.check_run`), before
+    the run can check before training is checked then (:func:`flows.orchestration.preflight.check_run`), before
     the flow or its MLflow run is opened. `parameters` are
     :func:`train_flow`'s: runs_dir, tracking_uri, partition_file, mlflow_experiment, dated, and the
     names of a DVC grid cell, `method_label` (``methods.<name>.label``), `grid` (``report.name``) and
-    `mlflow_parent_run_id` (its grid run's parent, flows.tracking_grid)."""
+    `mlflow_parent_run_id` (its grid run's parent, flows.tracking.grid)."""
     if not isinstance(config, ExperimentConfig):
         raise TypeError(f"run_training takes a validated ExperimentConfig (fedcme_core.config.load_config), "
                         f"got {type(config).__name__}")
@@ -277,7 +259,7 @@ def run_training(config: ExperimentConfig, experiment: str, ready: Callable[[], 
     uri = resolve_tracking_uri(parameters.get("tracking_uri"))
     check_reachable(uri)
     if config.runner.kind == "dask" and config.runner.dask_address:
-        from flows.dask_cluster import probe_workers
+        from flows.orchestration.dask_cluster import probe_workers
 
         probe_workers(config.runner.dask_address, config, Path(parameters.get("runs_dir", "runs")))
     run_dir = experiment_run_dir(parameters.get("runs_dir", "runs"), experiment)

@@ -7,7 +7,7 @@ The flow hands each call (a round's metrics, its tags, the summary, the model) t
 when it answers again, and the held-back calls are made then. A store still busy BUSY_WAIT seconds
 after it first refused (measured; MLflow's own last try may add its 20 s sqlite wait), or a queue
 that fills meanwhile, turns tracking off for the run with one warning line that prints the complete
-``fedcme sync`` command (``flows.tracking_store.sync_command``), which logs the rest later. MLflow's own
+``fedcme sync`` command (``flows.tracking.store.sync_command``), which logs the rest later. MLflow's own
 error records and tracebacks go to ``<run>/tracking.log``, not the console
 (:func:`mlflow_log_to`). Only the run's end waits for the writer: its summary, model and final
 status are logged after the queue has drained.
@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flows.shared_stores import is_busy
+from flows.common.shared_stores import is_busy
 
 T = TypeVar("T")
 BUSY_WAIT = 120.0  # seconds of a busy store the writer waits out before tracking stops for the run
@@ -76,7 +76,7 @@ class BusyWait:
 
 
 class TrackingWriter:
-    """The one background thread of a run's MLflow calls (:class:`flows.tracking.RunTracker`'s methods).
+    """The one background thread of a run's MLflow calls (:class:`flows.tracking.run.RunTracker`'s methods).
 
     :meth:`submit` queues a call and returns at once; :meth:`call` queues one and waits for its
     result (the run's end); :meth:`close` waits for the queue to drain and ends the thread. The

@@ -256,12 +256,12 @@ def retry_unless_machine_fault(task, task_run, state) -> bool:
 def make_task_runner(runner: RunnerConfig, device: str = "auto"):
     """The Prefect task runner for the `runner` config section and the run's `device` setting. A local
     Dask cluster for a CUDA run starts one worker process per visible GPU (`runner.workers` of them
-    when set), each pinned to its GPU (:func:`flows.dask_cluster.gpu_worker_environments`)."""
+    when set), each pinned to its GPU (:func:`flows.orchestration.dask_cluster.gpu_worker_environments`)."""
     workers, _ = worker_layout(runner)
     if runner.kind == "dask":
         from prefect_dask import DaskTaskRunner
 
-        from flows.dask_cluster import gpu_worker_environments, local_cluster
+        from flows.orchestration.dask_cluster import gpu_worker_environments, local_cluster
 
         if runner.dask_address:
             return DaskTaskRunner(address=runner.dask_address)

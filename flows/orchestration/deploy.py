@@ -10,7 +10,7 @@ its scheduled start (`nightly-20261202-020000`, UTC), with its own run directory
 from the config as validated when the deployment was built (serve again to take up an edited
 file). A deployment without a schedule trains (or resumes, or extends) the one experiment it
 names. Scheduled runs go to the MLflow experiment `fedcme-scheduled`
-(flows.names.mlflow_experiment_for), apart from the grids' `fedcme`; a config's
+(flows.tracking.names.mlflow_experiment_for), apart from the grids' `fedcme`; a config's
 `tracking.mlflow_experiment` chooses another.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 from fedcme_core.config.schema import ConfigError
 from fedcme_core.config import load_config
 
-from flows.tasks import make_task_runner
-from flows.train import train_flow
+from flows.orchestration.tasks import make_task_runner
+from flows.orchestration.train import train_flow
 
 
 def training_deployment(
@@ -40,7 +40,7 @@ def training_deployment(
     holds no Python object between runs, so its `config` parameter is the validated config's
     plain values (``model_dump(mode="json")``, what Prefect stores and its UI shows); Prefect's
     parameter check validates them into the flow's ExperimentConfig once as each run starts
-    (:func:`flows.train.train_flow`). No run reads the file again."""
+    (:func:`flows.orchestration.train.train_flow`). No run reads the file again."""
     config = load_config(config_file, overrides=overrides)
     schedules = [schedule(cron, timezone)] if cron is not None else None
     configured_flow = train_flow.with_options(task_runner=make_task_runner(config.runner, config.device))
