@@ -19,7 +19,7 @@ from torch import nn
 
 # Batch size of a no-grad pass over a dataset (test set, local features, evaluation vectors) for a
 # model that names none: each architecture of fedcme_core.client.models names its own largest batch that
-# pays (`inference_batch_size`, BENCHMARKS.md "Evaluation").
+# pays (`inference_batch_size`, BENCHMARKS.md, "test-set evaluation").
 INFERENCE_BATCH_SIZE = 128
 
 
