@@ -143,8 +143,8 @@ def data_section(dataset: str, *, train_subset: int | None = None, test_subset: 
     the synthetic dataset of the same shape when no mirror exists (the record says which)."""
     if dataset != "synthetic" and data_mirror() is None:
         print(f"bench: no data mirror, using synthetic data instead of {dataset}", file=sys.stderr)
-        shape = [3, 32, 32] if dataset == "cifar10" else [1, 28, 28]
-        return {"dataset": "synthetic", "synthetic": {"num_train": train_subset or 60000,
+        shape, size = ([3, 32, 32], 50000) if dataset == "cifar10" else ([1, 28, 28], 60000)
+        return {"dataset": "synthetic", "synthetic": {"num_train": train_subset or size,
                                                        "num_test": test_subset or 10000, "shape": shape}}
     if dataset == "synthetic":
         return {"dataset": "synthetic", "synthetic": dict(synthetic or {})}

@@ -10,7 +10,9 @@ Phases (CIFAR-shaped synthetic data, cifar_cnn, K=8, M=4, E=2, 2 rounds, fp32 wi
 3. syncs per step: the training steps of every algorithm under ``torch.cuda.set_sync_debug_mode``
    ("warn"), the warnings counted per step (must be 0);
 4. peak GPU memory of each phase (``torch.cuda.max_memory_allocated``);
-5. ``bench/gpu.py`` (1 and 4 workers) and a 2-worker Dask run of ``fedcme train`` on the one GPU.
+5. ``bench/gpu.py`` (1 and 4 workers, fp32: its timed rounds only, with each variant's straggler,
+   peak memory, layout, precision, TF32 and NVML utilisation of torch's device) and a 2-worker Dask
+   run of ``fedcme train`` on the one GPU; both must exit 0.
 
 Without a CUDA device it prints one line and exits with status 2. ``--dry-run`` runs what a CPU
 can check (phases 1 and 2 on the CPU at the smallest sizes, 1 round; phase 3's counting is
@@ -188,6 +190,7 @@ def passed(record: dict) -> bool:
     phases = record["determinism"].values()
     ok = all(phase["bit_identical"] and phase["within_tolerance"] for phase in phases)
     ok = ok and record["resume"]["bit_identical"]
+    ok = ok and all(record[key]["returncode"] == 0 for key in ("gpu_bench", "dask") if key in record)
     if record["syncs_per_step"] is not None:
         ok = ok and all(counts["syncs"] == 0 for counts in record["syncs_per_step"].values())
     return ok

@@ -48,6 +48,7 @@ common.quiet_environment()
 import torch
 
 from fedcme_core import rounds
+from fedcme_core.results import records
 from fedcme_core.config.files import apply_overrides
 from fedcme_core.config.schema import config_from_dict
 from fedcme_core.rounds import (
@@ -166,7 +167,7 @@ def main() -> None:
         "repeats": repeats,
         "round_seconds": common.rounded(round_seconds, 3),
         "ideal_seconds": common.rounded(ideal, 3),
-        "flow_round_parts_seconds": {part: round(common.median(r.get(part, 0.0) for r in flow_records), 3) for part in parts},
+        "flow_round_parts_seconds": {part: round(common.median(round_part(r, part) for r in flow_records), 3) for part in parts},
         "run_call_seconds": {name: round(common.median(values), 3) for name, values in call_seconds.items()},
         "ratio_flow_vs_ideal": ratios["flow_vs_train_ideal"],
         "ratio_threadpool_loop_vs_ideal": ratios["threadpool_loop_vs_train_ideal"],
@@ -185,3 +186,14 @@ def main() -> None:
 if __name__ == "__main__":
     started = time.perf_counter()
     main()
+
+
+def round_part(record, part: str) -> float:
+    """A stored round record's time part: `phase1_seconds` is its first phase, `phase2_seconds` every
+    later one summed (records.phase_seconds reads both forms), the others its own keys."""
+    phases = records.phase_seconds(record)
+    if part == "phase1_seconds":
+        return phases[0] if phases else 0.0
+    if part == "phase2_seconds":
+        return sum(phases[1:])
+    return record.get(part, 0.0)

@@ -235,8 +235,8 @@ def main() -> None:
                         began = time.perf_counter()
                         summaries = run(config, run_dir, clients)
                         walls[(name, count)].append(time.perf_counter() - began)
-                        in_task[(name, count)].append(sum(summary["seconds"] for summary in summaries))
-                        samples = sum(summary["samples"] for summary in summaries)
+                        in_task[(name, count)].append(sum(summary.seconds for summary in summaries))
+                        samples = sum(summary.samples for summary in summaries)
         finally:
             for layout in started_layouts.values():
                 layout.close()

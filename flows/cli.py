@@ -1,6 +1,7 @@
 """The ``fedcme`` command line.
 
     fedcme train    --config params.yaml --experiment NAME [--set training.lr=0.05 ...] [--register-model NAME]
+                    [--allow-device-change]
     fedcme simulate --config params.yaml --experiment NAME [--set ...]
     fedcme serve    --config params.yaml --experiment NAME --cron "0 2 * * *" [--timezone Europe/Berlin]
     fedcme sync     --experiment NAME [--tracking-uri URI]
@@ -38,18 +39,20 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def simulate(arguments: argparse.Namespace) -> int:
-    """Run the experiment in this process, holding its run directory (one command at a time)."""
+    """Run the experiment in this process, holding its run directory from the command's first second
+    (no torch yet: a second command on it is refused at once), then checking its dataset and device."""
+    from fedcme_core.common.run_lock import experiment_run_dir, hold_run
     from fedcme_core.config import load_config
-    from fedcme_core.rounds import experiment_run_dir, load_experiment_dataset
-    from fedcme_core.rounds.lock import hold_run
-
-    from flows.common.command import check_device
 
     config = load_config(arguments.config, overrides=dict(arguments.overrides))
     run_dir = experiment_run_dir(arguments.runs_dir, arguments.experiment)
-    load_experiment_dataset(config.data, config.seed)  # a bad dataset or device stops here, before anything is written
-    check_device(config.device)
-    with hold_run(run_dir):
+    with hold_run(run_dir, tidy=True):  # a bad input found by the checks leaves no lock file behind
+        from fedcme_core.rounds import load_experiment_dataset
+
+        from flows.common.command import check_device
+
+        load_experiment_dataset(config.data, config.seed)  # a bad dataset or device stops here, before anything is written
+        check_device(config.device)
         return simulate_held(arguments, config, run_dir)
 
 
@@ -114,6 +117,7 @@ def train(arguments: argparse.Namespace) -> int:
             tracking_uri=arguments.tracking_uri,
             partition_file=arguments.partition,
             mlflow_experiment=arguments.mlflow_experiment,
+            allow_device_change=arguments.allow_device_change,
         )
 
     with hold_run(run_dir, tidy=True):  # a bad input found by the checks leaves no lock file behind
@@ -193,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument("--mlflow-experiment", default=None, metavar="NAME",
                               help="the MLflow experiment (default: tracking.mlflow_experiment, else fedcme-smoke for "
                                    "synthetic data, else fedcme)")
+    train_parser.add_argument("--allow-device-change", action="store_true",
+                              help="resume a run on another device than it trained on (cpu <-> cuda); its layout "
+                                   "and precision are calibrated again for this device")
     train_parser.set_defaults(handler=train)
 
     simulate_parser = commands.add_parser("simulate", help="run an experiment in this process (no Prefect, no MLflow)")

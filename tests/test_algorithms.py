@@ -7,9 +7,10 @@ import math
 import numpy as np
 import torch
 
-from fedcme_core.algorithms import ClientContext, build_algorithm
+from fedcme_core.algorithms import AlgorithmState, ClientContext, Matching, build_algorithm
 from fedcme_core.algorithms.base import frozen_copy
-from fedcme_core.algorithms.fedcme import AlignmentHooks, FedCMEConfig
+from fedcme_core.algorithms.fedavg import FedAvgConfig
+from fedcme_core.algorithms.fedcme import AlignmentHooks, FedCMEConfig, FedCMEState, MatchingRecord
 from fedcme_core.algorithms.fedprox import FedProxConfig, ProximalHooks
 from fedcme_core.algorithms.fedrs import FedRSConfig, RestrictedSoftmaxHooks, class_scaling
 from fedcme_core.algorithms.moon import ContrastiveHooks, MoonConfig
@@ -78,8 +79,8 @@ def test_fedcme_aligns_only_when_global_features_exist():
     algorithm = build_algorithm(FedCMEConfig(mu=0.1))
     defined = GlobalFeatures(values=torch.zeros(10, 512), defined=torch.ones(10, dtype=torch.bool))
 
-    round_zero = algorithm.client_hooks(model, context(model))
-    later = algorithm.client_hooks(model, context(model, server={"global_features": defined.to_dict()}))
+    round_zero = algorithm.client_hooks(model, context(model, server=algorithm.server_init({})))
+    later = algorithm.client_hooks(model, context(model, server=FedCMEState(global_features=defined)))
 
     assert type(round_zero).__name__ == "ClientHooks"
     assert isinstance(later, AlignmentHooks)
@@ -89,16 +90,41 @@ def test_fedcme_pieces_switch_independently():
     assert build_algorithm(FedCMEConfig(exchange="none")).phases(5) == [(0, 5)]
     assert build_algorithm(FedCMEConfig()).phases(5) == [(0, 2), (2, 5)]
     assert build_algorithm(FedCMEConfig(mu=0.0)).aligns is False
-    assert build_algorithm(FedCMEConfig(exchange="extractor")).exchange_part == "extractor"
-    matching = build_algorithm(FedCMEConfig(exchange="none")).match([0, 1, 2, 3], {}, seed=0, round_index=0)
+    assert build_algorithm(FedCMEConfig(exchange="extractor", mu=0.0)).phases(4) == [(0, 2), (2, 4)]
+    matching = build_algorithm(FedCMEConfig(exchange="none")).match([0, 1, 2, 3], FedCMEState(), seed=0,
+                                                                     round_index=0)
     assert matching.pairs == [] and matching.donors == {}
+
+
+def test_fedavg_implements_every_hook_with_nothing_of_its_own():
+    fedavg = build_algorithm(FedAvgConfig())
+
+    assert fedavg.phases(3) == [(0, 3)] and fedavg.exchange({}, {}, {}) == []
+    assert fedavg.server_init({}) == AlgorithmState() and fedavg.server_record(Matching(), []).to_dict() == {}
+    assert fedavg.match([0, 1], AlgorithmState(), seed=0, round_index=0) == Matching()
+
+
+def test_fedcme_state_and_record_keep_their_stored_form():
+    features = GlobalFeatures(values=torch.ones(2, 3), defined=torch.tensor([True, False]))
+    state = FedCMEState(global_features=features, evaluation_vectors={4: torch.tensor([0.5, 0.5])})
+
+    stored = state.to_dict()
+    back = FedCMEState.from_dict(stored)
+
+    assert FedCMEState().to_dict() == {"global_features": None, "evaluation_vectors": {}}
+    assert set(stored["global_features"]) == {"values", "defined"} and list(stored["evaluation_vectors"]) == [4]
+    assert torch.equal(back.global_features.values, features.values) and torch.equal(back.evaluation_vectors[4],
+                                                                                      torch.tensor([0.5, 0.5]))
+    record = MatchingRecord.from_dict({"pairs": [[3, 1]], "evaluation_vectors": {"3": [0.5]}})  # JSON's keys
+    assert record == MatchingRecord(pairs=[(3, 1)], evaluation_vectors={3: [0.5]})
+    assert record.to_dict() == {"pairs": [[3, 1]], "evaluation_vectors": {3: [0.5]}}
 
 
 def test_fedcme_round_zero_matching_is_random_but_seeded():
     algorithm = build_algorithm(FedCMEConfig())
 
-    first = algorithm.match([3, 5, 8, 9], {}, seed=0, round_index=0)
-    again = algorithm.match([3, 5, 8, 9], {}, seed=0, round_index=0)
+    first = algorithm.match([3, 5, 8, 9], FedCMEState(), seed=0, round_index=0)
+    again = algorithm.match([3, 5, 8, 9], FedCMEState(), seed=0, round_index=0)
 
     assert first == again and len(first.pairs) == 2
     assert sorted(first.donors) == [3, 5, 8, 9]

@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -154,3 +155,30 @@ def test_experiments_launched_at_once_on_fresh_stores_all_succeed_and_a_duplicat
     with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as database:
         flow_runs = database.execute("select name, state_type from flow_run").fetchall()
     assert sorted(flow_runs) == [(name, "COMPLETED") for name in ["e0", "e1", "same"]]
+
+
+def test_a_dvc_train_stage_on_a_held_run_directory_is_refused_before_any_start_up(tmp_path, holder):
+    """The stage takes its cell's run directory first: a duplicate stage ends in one line within seconds,
+    before its Prefect server, its grid's MLflow parent run or torch start."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "base": {**SYNTHETIC, "data": {"dataset": "fmnist"}, "model": {"name": "fmnist_cnn"}},
+        "methods": {"fedavg": {"name": "fedavg"}},
+        "grid": {"datasets": ["fmnist"], "partitions": ["a1.0"], "clients": [[4, 2]], "seeds": [0], "methods": ["fedavg"]},
+    }))
+    run_dir = tmp_path / "runs" / "fmnist-a1.0-k4m2-fedavg-s0"
+    holding = holder(run_dir)
+    environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    environment.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONPATH=str(REPO_ROOT),
+                       MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "flows.pipeline.stages", "--params", str(params), "train",
+                             "--method", "fedavg", "--per-round", "2", "--dataset", "fmnist", "--partition", "a1.0",
+                             "--clients", "4", "--seed", "0", "--runs-dir", str(tmp_path / "runs")],
+                            cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - started
+
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and refusal(run_dir, holding.pid).match(lines[0]), result.stderr
+    assert elapsed < 10, elapsed
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["params.yaml", "runs"]  # no Prefect home, no MLflow store

@@ -21,8 +21,9 @@ from fedcme_core.common.checkpoints import load_checkpoint
 from fedcme_core.client.compute import native_bf16
 from fedcme_core.config import load_config
 from fedcme_core.rounds import RunPaths, final_model, load_experiment_dataset, load_server_state
+from flows.orchestration.task_records import wait_for_task_run_records
+from flows.orchestration.train import run_training
 from flows.tracking.run import ROUND_METRICS
-from flows.orchestration.train import run_training, wait_for_task_run_records
 
 from .conftest import REPO_ROOT, USED_STORES
 from .helpers import same_state
@@ -55,9 +56,10 @@ def test_a_task_result_is_registered_by_weak_reference_so_a_recycled_id_draws_no
 
     from flows.orchestration.tasks import Sealed, step_task, unsealed
 
-    @step_task("toy")
-    def toy(value: int) -> dict[str, int]:
+    def toy_step(value: int) -> dict[str, int]:
         return {"value": value}
+
+    toy = step_task("toy", toy_step)
 
     @flow(name="toy-lineage")
     def lineage() -> tuple[dict[str, int], bool, list]:
@@ -326,3 +328,30 @@ def test_an_extended_run_has_one_current_model_and_tags_the_one_it_supersedes(tm
     accuracy = [m.value for m in client.get_metric_history(run.info.run_id, "eval/test_accuracy")]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "final_accuracy")] == [1, 2]
     assert run.data.metrics["final_accuracy"] == pytest.approx(sum(accuracy) / 2) == extended["final_accuracy"]
+
+
+def test_fedcme_train_resumes_on_another_device_only_with_allow_device_change(tmp_path, capsys):
+    """A resume on another device is refused in one line naming --allow-device-change, before any flow or
+    MLflow run is opened; with the flag, the run records this device's layout and precision and goes on."""
+    from flows.cli import main
+
+    runs, uri = tmp_path / "runs", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    command = ["train", "--config", SMOKE, "--experiment", "moved", "--runs-dir", str(runs), "--tracking-uri", uri,
+               "--set", "runner.kind=sequential"]
+    assert main([*command, "--set", "federation.rounds=1"]) == 0
+    paths = RunPaths(runs / "moved")
+    record = json.loads(paths.compute.read_text())
+    record["device"] = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}  # as if round 1 had trained on a GPU
+    paths.compute.write_text(json.dumps(record))
+    capsys.readouterr()
+
+    assert main(command) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "trained on cuda (NVIDIA H100 80GB HBM3)" in error[0], error
+    assert "--allow-device-change" in error[0] and not paths.server_state(2).exists()
+    assert len(MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("fedcme-smoke").experiment_id])) == 1
+
+    assert main([*command, "--allow-device-change"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["rounds"] == 2 and summary["compute"]["device"]["type"] == "cpu"
+    assert json.loads(paths.compute.read_text())["device"]["type"] == "cpu"  # calibrated anew for the CPU

@@ -37,7 +37,7 @@ def test_a_failing_client_is_retried_then_dropped_and_logged(tmp_path, prefect_s
     overrides = {"runner.workers": 2, "runner.retries": 2, "runner.client_tasks": client_tasks}
     failing = first_client_of_round_zero(load_config(SMOKE))
     flaky = FlakyTraining(failing, failures=10)
-    monkeypatch.setattr(rounds, "train_phase_step", flaky)
+    monkeypatch.setattr(rounds.loop, "train_phase_step", flaky)  # the step the round hands its executor
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
     summary = run_training(load_config(SMOKE, overrides=overrides), "flaky", runs_dir=str(tmp_path / "runs"),

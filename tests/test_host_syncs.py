@@ -121,7 +121,8 @@ def client(label: str):
     labels = torch.randint(0, 5, (SAMPLES,), generator=generator)  # [N]
     dim = model.feature_dim
     zeta = GlobalFeatures(torch.randn(CLASSES, dim, generator=generator), torch.arange(CLASSES) % 2 == 0)
-    server = {"global_features": zeta.to_dict(), "control": None}
+    # The algorithm's server state, read from a stored form with zeta^t (FedCME) and c unset (SCAFFOLD).
+    server = algorithm.state_class.from_dict({"global_features": zeta.to_dict(), "control": None})
     context = ClientContext(client_id=0, round_index=1, class_counts=class_counts(labels.numpy(), [range(SAMPLES)], CLASSES)[0],
                             global_state=model.state_dict(), seed=0, learning_rate=0.01, server=server)
     return model, algorithm.client_hooks(model, context), inputs, labels

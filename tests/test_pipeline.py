@@ -233,7 +233,7 @@ def test_the_plot_overlays_the_methods_of_a_setting_with_integer_rounds_in_perce
     assert line["y"]["title"] == "test accuracy (%)"
     # The legend shows each line's colour and dash (one legend: same field and title), not band-coloured circles.
     assert line["strokeDash"]["legend"] == line["color"]["legend"] and line["color"]["legend"]["symbolType"] == "stroke"
-    assert spec["spec"]["layer"][0]["encoding"]["color"]["legend"] is None
+    assert spec["spec"]["layer"][0]["encoding"]["fill"] == {**line["color"], "field": "band", "legend": None}
     values = spec["data"]["values"]
     # The chart's title is the setting in words (a facet header), not the CSV's path.
     assert spec["facet"]["field"] == "setting" and {row["setting"] for row in values} == {"FMNIST α=0.5 K=100 M=2"}

@@ -149,3 +149,28 @@ def test_servers_started_at_once_on_a_fresh_prefect_home_all_start(tmp_path):
         assert command.returncode == 0 and output.split()[-1:] == ["ready"], errors[-3000:]
     assert FirstUse(home / "prefect.db", "prefect", prefect.__version__).is_done()
     assert processes_with_environment(f"PREFECT_HOME={home}") == []
+
+
+def test_a_process_started_under_a_temporary_server_knows_it_stops_with_its_command(monkeypatch):
+    """`make run`: flows.pipeline.repro starts the temporary server and its stages inherit PREFECT_API_URL;
+    a stage still knows the server dies with the grid, so its MLflow -> Prefect links name the UI that
+    `prefect server start` serves from the same PREFECT_HOME (flows.tracking.views.prefect_flow_run_url)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.orchestration import prefect_server
+
+    class Started:  # the server as launched (its process and health are other tests' subject)
+        api_url, ready = "http://127.0.0.1:5999/api", False
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(prefect_server, "TemporaryServer", Started)
+    monkeypatch.delenv(prefect_server.TEMPORARY_API_ENV, raising=False)
+    child = "import os\nfrom flows.orchestration.prefect_server import is_temporary\nprint(is_temporary(os.environ['PREFECT_API_URL']))"
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), temporary_prefect_server():
+        inherited = subprocess.run([sys.executable, "-c", child], env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                                   capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert inherited == "True"
+    assert prefect_server.TEMPORARY_API_ENV not in os.environ  # the command's environment as it was
+    assert not prefect_server.is_temporary(Started.api_url) and not prefect_server.is_temporary("http://lab:4200/api")

@@ -1,5 +1,6 @@
 """The one registry of algorithms: adding one is a module (its config class and its Algorithm
-subclass) and a registry line; the config union, the names and the round code follow from it.
+subclass, FedAvg's unless it implements every hook) and a registry line; the config union, the names
+and the round code follow from it.
 
 The toy algorithms below are such modules, written here; the registry line is
 ``registry([*ALGORITHMS.values(), Toy])``, and the experiment config takes its algorithm union
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pytest
@@ -19,19 +21,22 @@ from pydantic import Field, ValidationError, create_model
 import fedcme_core.algorithms as algorithms
 from fedcme_core.algorithms import (
     ALGORITHMS,
+    DEFAULT_ALGORITHM,
     Algorithm,
+    BaseAlgorithmConfig,
     ClientContext,
     Matching,
     Phase,
+    RecordSection,
     Upload,
     config_union,
     registry,
     round_phases,
 )
 from fedcme_core.algorithms.fedavg import FedAvg
-from fedcme_core.algorithms.fedcme import FedCMEConfig
 from fedcme_core.client.hooks import ClientHooks
 from fedcme_core.common.frozen import Frozen
+from fedcme_core.results.records import RoundRecord
 from fedcme_core.config.files import apply_overrides
 from fedcme_core.config.schema import ExperimentConfig, config_from_dict
 from fedcme_core.config import ConfigError
@@ -42,9 +47,19 @@ from .helpers import same_state
 
 
 # ------------------------------------------------------------- a toy algorithm: a scaled loss
-class ScaledLossConfig(Frozen):
+class ScaledLossConfig(BaseAlgorithmConfig):
     name: Literal["scaled_loss"] = "scaled_loss"
+    display_name = "Scaled"
+    label_parameter = "scale"
     scale: float = Field(1.0, gt=0)
+
+
+@dataclass(frozen=True)
+class ScaledRecord(RecordSection):
+    """The scale and each client's batches (client -> count)."""
+
+    scale: float = 1.0
+    batches: dict[int, int] = field(default_factory=dict)
 
 
 class ScaledLossHooks(ClientHooks):
@@ -57,24 +72,26 @@ class ScaledLossHooks(ClientHooks):
         return (self.scale - 1.0) * F.cross_entropy(logits, labels)  # L = scale * CE
 
 
-class ScaledLoss(Algorithm):
+class ScaledLoss(FedAvg):
     """FedAvg with its cross-entropy scaled; its record section counts the batches it scaled."""
 
     config_class = ScaledLossConfig
+    record_class = ScaledRecord
 
     def client_hooks(self, model, context: ClientContext) -> ClientHooks:
         return ScaledLossHooks(self.config.scale)
 
-    def client_report(self, model, inputs, labels, context, hooks) -> dict[str, Any]:
+    def client_update(self, model, inputs, labels, context, hooks) -> dict[str, Any]:
         return {"batches": hooks.batches}
 
-    def round_record(self, matching: Matching, uploads: Sequence[Upload]) -> dict[str, Any]:
-        return {"scale": self.config.scale, "batches": {upload.client: upload.report["batches"] for upload in uploads}}
+    def server_record(self, matching: Matching, uploads: Sequence[Upload]) -> ScaledRecord:
+        return ScaledRecord(self.config.scale, {upload.client: upload.report["batches"] for upload in uploads})
 
 
 # ------------------------------------------------------- a toy algorithm: FedAvg in three phases
-class ThreePhasesConfig(Frozen):
+class ThreePhasesConfig(BaseAlgorithmConfig):
     name: Literal["three_phases"] = "three_phases"
+    display_name = "ThreePhases"
 
 
 class ThreePhases(FedAvg):
@@ -94,7 +111,7 @@ class ThreePhases(FedAvg):
 
 TOYS = registry([*ALGORITHMS.values(), ScaledLoss, ThreePhases])  # the registry line(s)
 ToyExperimentConfig = create_model("ToyExperimentConfig", __base__=ExperimentConfig,
-                                   algorithm=(config_union(TOYS), FedCMEConfig()))
+                                   algorithm=(config_union(TOYS), DEFAULT_ALGORITHM))
 PINNED = {"training.channels_last": False, "training.precision": "fp32", "federation.rounds": 2}
 
 
@@ -124,8 +141,23 @@ def test_the_registry_refuses_a_class_without_a_config_or_a_taken_name():
     class Twin(FedAvg):
         config_class = ThreePhasesConfig
 
+    class Hookless(Algorithm):  # the interface alone: FedAvg is the implementation to start from
+        config_class = ScaledLossConfig
+
+    class PlainConfig(Frozen):
+        name: Literal["plain"] = "plain"
+
+    class Untyped(FedAvg):
+        config_class = PlainConfig
+
     with pytest.raises(TypeError, match="Nameless names no config_class"):
         registry([FedAvg, Nameless])
+    with pytest.raises(TypeError, match=r"Hookless leaves hooks unimplemented: client_hooks, client_state, "
+                                        r"client_update, exchange, match, phases, server_init, server_record, "
+                                        r"server_update \(subclass FedAvg"):
+        registry([Hookless])
+    with pytest.raises(TypeError, match="Untyped: its config_class PlainConfig is no BaseAlgorithmConfig"):
+        registry([Untyped])
     with pytest.raises(ValueError, match="'three_phases' is taken by ThreePhases"):
         registry([ThreePhases, Twin])
 
@@ -142,6 +174,10 @@ def test_a_registered_algorithm_trains_in_the_round_loop(tmp_path, toys):
     assert all(record["algorithm"]["batches"] == {client: 2 * math.ceil(len(partition.clients[client]) / 32)
                                                   for client in record["selected"]} for record in history)
     assert all(0.0 <= record["test_accuracy"] <= 1.0 and record["train_loss"] > 0 for record in history)
+    # The section is the algorithm's typed object, plain data only where the store keeps it.
+    batches = history[0]["algorithm"]["batches"]
+    assert RoundRecord.from_dict(history[0], ScaledRecord).algorithm == ScaledRecord(2.0, batches)
+    assert config.algorithm.label() == "Scaled(2)"
 
 
 def test_three_phases_of_fedavg_are_fedavg_exactly(tmp_path, toys):
@@ -157,7 +193,8 @@ def test_three_phases_of_fedavg_are_fedavg_exactly(tmp_path, toys):
     assert same_state(final_model(fedavg, tmp_path / "fedavg"), final_model(three, tmp_path / "three"))
     assert [r["test_loss"] for r in fedavg_history] == [r["test_loss"] for r in three_history]
     assert ThreePhases.exchanges == [0, 0, 0, 0]  # 2 boundaries x 2 rounds, nobody matched
-    assert all("phase2_seconds" in r and "exchange_seconds" in r for r in three_history)
+    assert all(len(r["phase_seconds"]) == 3 and "exchange_seconds" in r for r in three_history)
+    assert all(len(r["phase_seconds"]) == 1 and "exchange_seconds" not in r for r in fedavg_history)
     assert [r["samples_trained"] for r in three_history] == [r["samples_trained"] for r in fedavg_history]
 
 

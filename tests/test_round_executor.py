@@ -111,7 +111,7 @@ def test_evaluation_uses_every_core_and_gives_the_one_thread_figures(tmp_path, s
 
     assert executor.threads_after == 1  # restored after the step
     one_thread = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes)
-    assert (executor.figures["test_accuracy"], executor.figures["test_loss"]) == (one_thread.accuracy, one_thread.loss)
+    assert (executor.figures.test_accuracy, executor.figures.test_loss) == (one_thread.accuracy, one_thread.loss)
 
 
 @pytest.mark.parametrize(

@@ -54,11 +54,12 @@ def test_the_server_keeps_c_and_each_client_its_c_i():
     uploads = [Upload(0, 10, {}, {"control_delta": {"w": torch.tensor([1.0])}}),
                Upload(3, 30, {}, {"control_delta": {"w": torch.tensor([3.0])}})]
 
-    first = algorithm.aggregate_state(algorithm.initial_server_state({}), uploads, num_clients=8)
-    second = algorithm.aggregate_state(first, uploads[:1], num_clients=8)
+    first = algorithm.server_update(algorithm.server_init({}), uploads, num_clients=8)
+    second = algorithm.server_update(first, uploads[:1], num_clients=8)
 
-    assert first["control"]["w"].tolist() == [0.5]  # (1 + 3) / 8, whatever the data sizes
-    assert second["control"]["w"].tolist() == [0.625]
+    assert algorithm.server_init({}).to_dict() == {"control": None}  # the stored form, as before the typed state
+    assert first.control["w"].tolist() == [0.5]  # (1 + 3) / 8, whatever the data sizes
+    assert second.control["w"].tolist() == [0.625]
 
 
 def test_round_zero_with_zero_control_variates_equals_fedavg(tmp_path, synthetic_config):

@@ -14,6 +14,7 @@ from fedcme_core.config.files import ConfigError
 from fedcme_core.config.params import load_params
 from fedcme_core.config.sections import ReportSection
 from flows.report import combination as rc
+from flows.report.factors import Study, load_study
 from flows.report import sensitivity as rs
 from flows.report import verdicts
 
@@ -29,8 +30,8 @@ COMBINATION = {"readings": ["f1"], "grid": "t100", "fedcme": "c001", "strong": "
                "against": "today", "fedavg": "avg", "fedrs": "rs", "today": "cme001", "today_strong": "cme01"}
 
 
-def report_with(combination: dict) -> ReportSection:
-    return ReportSection.model_validate({
+def report_with(combination: dict) -> Study:
+    return Study.model_validate({
         "name": "main", "references": {"fedavg": "fedavg", "fedrs": "fedrs", "fedcme": "fedcme", "twin": "twin"},
         "factors": [{"name": "f1", "label": "reading one", "fedcme": "f1", "twin": "f1-nx"},
                     {"name": "e4", "label": "setup E=4", "fedcme": "e4", "twin": "e4-nx", "fedavg": "avg-e4"}],
@@ -102,20 +103,21 @@ def test_the_combination_names_methods_of_the_grid_files_beside_it(tmp_path):
 
     with pytest.raises(ConfigError, match=r"report\.combination\.twin: combined-mu01-nx not defined in methods of "
                                           r"the sensitivity-t100 grid \(.*params-sensitivity-t100\.yaml\)$"):
-        load_params(write_grid(tmp_path, values))
+        load_study(write_grid(tmp_path, values))
 
 
 def test_the_shipped_combination_changes_only_the_readings_it_combines():
     params = load_params(SENSITIVITY)
-    combination = params.report.combination
+    study = load_study(SENSITIVITY, params)
+    combination = study.combination
     today, combined = (load_params(REPO_ROOT / "configs" / f"params-{grid}.yaml")
                        for grid in (combination.against, combination.grid))
-    factors = {factor.name: factor for factor in params.report.factors}
+    factors = {factor.name: factor for factor in study.factors}
     cell = ("cifar10", "a0.1", 50, 20, 0)
 
     for reading in combination.readings:
         screen = params.cell_config(factors[reading].fedcme, *cell).model_dump(mode="json")
-        reference = params.cell_config(params.report.references.fedcme, *cell).model_dump(mode="json")
+        reference = params.cell_config(study.references.fedcme, *cell).model_dump(mode="json")
         combined_config = combined.cell_config(combination.fedcme, *cell).model_dump(mode="json")
         today_config = today.cell_config(combination.today, *cell).model_dump(mode="json")
         assert set(config_changes(reference, screen)) <= set(config_changes(today_config, combined_config))
@@ -150,14 +152,14 @@ def test_the_tool_writes_the_combination_section_and_its_csv_rows(tmp_path):
 
 
 def test_the_report_says_so_where_the_rule_comes_to_give_other_readings_than_those_combined():
-    params = load_params(SENSITIVITY)
-    rows = rc.comparisons(params.report.combination, {})
+    study = load_study(SENSITIVITY)
+    rows = rc.comparisons(study.combination, {})
 
     def part(statuses: dict[str, str]) -> str:
         helps = [verdicts.Help(name, 0.0, 0.0, 0.0, status) for name, status in statuses.items()]
-        return "".join(combination_part(params, {}, {}, helps, rows))
+        return "".join(combination_part(study, {}, {}, helps, rows))
 
-    combined = params.report.combination.readings            # classifier2, class-counts
+    combined = study.combination.readings            # classifier2, class-counts
     helped = dict.fromkeys(combined, "helped")
     assert "the grid files are not both here" in part(helped)
     assert "The rule now gives" not in part({**helped, "sample-mean": "did not help"})
@@ -195,6 +197,7 @@ def test_a_check_names_a_grid():
     with pytest.raises(ValueError, match=r"checks\.0"):
         ReportSection.model_validate({"name": "main", "checks": ["NIID bench"]})
     assert ReportSection.model_validate({"name": "main", "checks": ["niid-bench-c2"]}).other_grids() == ["niid-bench-c2"]
+    assert report_with(COMBINATION).other_grids() == ["t100", "today"]  # a study reads its own grids beside the checks
 
 
 def test_the_answer_in_words_heads_the_rules_answer_where_it_is_written(tmp_path):

@@ -1,4 +1,5 @@
-"""The sensitivity study's factor metadata in the grid files (fedcme_core.config.factors, report sections)."""
+"""The sensitivity study's factor metadata in the grid files (flows.report.factors, report sections): the study
+is the report's; the library (fedcme_core.config) keeps its keys as plain data and trains no differently."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from fedcme_core.config.files import ConfigError
 from fedcme_core.config.params import load_params, params_from_dict
+from flows.report.factors import ReportFactor, ReportReferences, load_study
 
 from .conftest import REPO_ROOT
 from .sensitivity_helpers import SENSITIVITY, sensitivity_values, write_grid
@@ -16,7 +18,7 @@ from .sensitivity_helpers import SENSITIVITY, sensitivity_values, write_grid
 def test_the_shipped_sensitivity_file_names_every_factor_and_trains_its_runs():
     params = load_params(SENSITIVITY)
     c2 = load_params(REPO_ROOT / "configs" / "params-sensitivity-c2.yaml")
-    report = params.report
+    report = load_study(SENSITIVITY, params)
 
     assert [factor.name for factor in report.factors] == [
         "sample-mean", "sample-sum", "sample-sum-mu01", "class-mean-sum", "class-mean-sumd", "classifier2",
@@ -63,8 +65,9 @@ def test_bad_factor_metadata_is_one_line_naming_the_key(tmp_path, change, messag
     path = write_grid(tmp_path, values)
 
     with pytest.raises(ConfigError, match=message) as raised:
-        load_params(path)
+        load_study(path)
     assert "\n" not in str(raised.value) and str(raised.value).startswith(str(path))
+    load_params(path)  # the library reads the grid file all the same: no training reads the study
 
 
 def test_a_factor_of_another_grid_is_checked_against_that_grid_file_when_it_exists(tmp_path):
@@ -72,8 +75,21 @@ def test_a_factor_of_another_grid_is_checked_against_that_grid_file_when_it_exis
     values["report"]["factors"][-1]["twin"] = "fedcme-no-exchange-x"
     path = write_grid(tmp_path, values)
 
-    assert load_params(path).report.factors[-1].twin == "fedcme-no-exchange-x"  # no sensitivity-c2 file here
+    assert load_study(path).factors[-1].twin == "fedcme-no-exchange-x"  # no sensitivity-c2 file here
     shutil.copy(REPO_ROOT / "configs" / "params-sensitivity-c2.yaml", tmp_path / "params-sensitivity-c2.yaml")
     with pytest.raises(ConfigError, match=r"report\.factors\.10\.twin: fedcme-no-exchange-x \(c2\) not defined in "
                                           r"methods of the sensitivity-c2 grid \(.*params-sensitivity-c2\.yaml\)$"):
-        load_params(path)
+        load_study(path)
+
+
+def test_a_factors_runs_by_role_fill_fedavg_from_the_references_and_only_a_setup_has_its_own():
+    references = ReportReferences(fedavg="avg", fedrs="rs", fedcme="cme", twin="cme-nx")
+    reading = ReportFactor(name="r", label="a reading", fedcme="r", twin="r-nx")
+    setup = ReportFactor(name="s", label="a setup", fedcme="s", twin="s-nx", fedavg="avg-s", fedrs="rs-s")
+
+    assert ReportFactor.roles() == ("fedcme", "twin", "fedavg", "fedrs", "fedprox")
+    assert reading.methods(references) == {"fedcme": "r", "twin": "r-nx", "fedavg": "avg"}
+    assert setup.methods(references) == {"fedcme": "s", "twin": "s-nx", "fedavg": "avg-s", "fedrs": "rs-s"}
+    assert not reading.is_setup(references, "main") and setup.is_setup(references, "main")
+    assert reading.model_copy(update={"grid": "other"}).is_setup(references, "main")
+    assert not reading.model_copy(update={"fedavg": "avg"}).is_setup(references, "main")  # today's FedAvg, named

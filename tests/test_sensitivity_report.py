@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from fedcme_core.config.sections import ReportSection
+from flows.report.factors import Study
 from flows.report import combination as rc
 from flows.report import sensitivity as rs
 from flows.report import verdicts
@@ -28,7 +28,7 @@ from .sensitivity_helpers import (
 )
 
 
-REPORT = ReportSection.model_validate({
+REPORT = Study.model_validate({
     "name": "main",
     "references": {"fedavg": "fedavg", "fedrs": "fedrs", "fedcme": "fedcme", "twin": "twin"},
     "factors": [
@@ -211,7 +211,7 @@ def test_the_first_rule_can_say_yes_where_the_second_says_no():
 
 
 def test_a_setup_factor_is_compared_with_baselines_of_its_own_setup_only():
-    report = ReportSection.model_validate({
+    report = Study.model_validate({
         **REPORT.model_dump(exclude_none=True),
         "references": {**REPORT.references.model_dump(exclude_none=True), "fedprox": "fedprox"},
         "factors": [{"name": "e4", "label": "setup E=4", "fedcme": "cme-e4", "twin": "cme-e4-nx",

@@ -179,7 +179,7 @@ def test_download_failure_without_mirror_says_so(tmp_path: Path, monkeypatch: py
 def test_unknown_dataset_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="unknown dataset 'mnist'"):
         load_dataset("mnist", data_dir=tmp_path)
-    assert DATASETS == ("fmnist", "cifar10", "synthetic")
+    assert DATASETS == ("fmnist", "cifar10", "synthetic", "npz", "imagefolder")
 
 
 # --- mirror resolution -------------------------------------------------------------------

@@ -150,10 +150,11 @@ def test_only_the_machines_errnos_are_machine_errors():
 FULL_DISK_IN_ROUND_2 = """
 import errno, os, sys
 from fedcme_core import rounds
+import fedcme_core.rounds.loop
 from fedcme_core.rounds import RunPaths
 from flows.cli import main
 where = sys.argv.pop(1)
-real_step, real_fdopen = rounds.train_phase_step, os.fdopen
+real_step, real_fdopen = rounds.loop.train_phase_step, os.fdopen
 def step(config, run_dir, round_index, client_id, phase_index, start=None):
     if where == "client" and round_index == 1:
         path = RunPaths(run_dir).upload(round_index, client_id)
@@ -166,7 +167,7 @@ def fdopen(descriptor, *args, **kwargs):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         handle.write = write
     return handle
-rounds.train_phase_step, os.fdopen = step, fdopen
+rounds.loop.train_phase_step, os.fdopen = step, fdopen
 sys.exit(main(sys.argv[1:]))
 """
 

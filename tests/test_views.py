@@ -3,20 +3,20 @@ search_runs, get_run, artifacts and registry; Prefect's read_flow_run and artifa
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from mlflow.tracking import MlflowClient
 
 from fedcme_core.config import load_config
 from fedcme_core.config.schema import ConfigError, config_from_dict
 from flows.tracking.names import method_label, mlflow_experiment_for, run_name
-from flows.tracking.run import git_commit
 from flows.orchestration.train import run_training
-from flows.tracking.views import mlflow_run_url, prefect_flow_run_url
+from flows.tracking.views import git_commit, mlflow_run_url, prefect_flow_run_url
 
 from .conftest import REPO_ROOT
 
 SMOKE = str(REPO_ROOT / "configs" / "smoke.yaml")
-COMMIT_AT_IMPORT = git_commit(REPO_ROOT)  # beside flows.orchestration.train's import, which reads the flow's version
 
 
 def prefect_views(flow_run_id: str):
@@ -56,9 +56,13 @@ def test_a_grid_cell_is_found_by_its_tags_with_its_summary_figure_system_metrics
     assert run.data.tags["prefect_flow_run"].endswith(summary["prefect_flow_run_id"])
 
     flow_run, artifacts = prefect_views(summary["prefect_flow_run_id"])
-    commit = COMMIT_AT_IMPORT  # HEAD when the code was imported: a commit landing during the test changes nothing
+    # The commit read as the run started (a commit landing during the test moves HEAD on, not the run's).
+    commit = run.data.tags["git_commit"]
+    head = git_commit(REPO_ROOT)  # "unknown" outside a git checkout
+    assert commit == head == "unknown" or subprocess.run(["git", "merge-base", "--is-ancestor", commit, head],
+                                                         cwd=REPO_ROOT).returncode == 0
     assert {f"commit:{commit}", "method:fedcme", "seed:0", "grid:paper"} <= set(flow_run.tags)
-    assert flow_run.flow_version == commit == run.data.tags["git_commit"] == run.data.tags["mlflow.source.git.commit"]
+    assert flow_run.flow_version == commit == run.data.tags["mlflow.source.git.commit"]
     # Prefect stores a link artifact as the markdown of its link: the run's page in MLflow's UI.
     url = mlflow_run_url(uri, experiment.experiment_id, run.info.run_id)
     assert url.endswith(f"/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}")
@@ -122,3 +126,22 @@ def test_a_temporary_servers_flow_run_links_to_the_ui_that_serves_its_records(mo
     assert prefect_flow_run_url("abc", temporary=True) == "http://127.0.0.1:4200/runs/flow-run/abc"
     monkeypatch.setenv("FEDCME_PREFECT_UI_URL", "http://lab:4300/")
     assert prefect_flow_run_url("abc", temporary=True) == "http://lab:4300/runs/flow-run/abc"
+
+
+def test_one_object_names_tags_and_links_a_run(monkeypatch):
+    from flows.tracking.views import RunViews
+
+    monkeypatch.delenv("FEDCME_PREFECT_UI_URL", raising=False)
+    config = load_config(SMOKE)
+    views = RunViews.start(config, "cell", label="FedCME (ours)", grid="paper", parent_run_id="p1")
+    plain = RunViews.start(config, "plain")
+
+    assert (views.label, plain.label) == ("FedCME (ours)", "FedCME(0.01)")
+    assert (views.mlflow_experiment, RunViews.start(config, "n", scheduled=True).mlflow_experiment) == (
+        "fedcme-smoke", "fedcme-scheduled")
+    assert views.commit == git_commit(REPO_ROOT) and views.run_name(config).startswith("FedCME (ours) s0 · ")
+    assert views.flow_run_tags(config) == [f"commit:{views.commit}", "method:fedcme", "seed:0", "grid:paper"]
+    tags = views.mlflow_tags(config, "abc", temporary_prefect=True)
+    assert tags["mlflow.parentRunId"] == "p1" and tags["experiment"] == "cell" and tags["grid"] == "paper"
+    assert tags["prefect_flow_run"] == "http://127.0.0.1:4200/runs/flow-run/abc" and tags["git_commit"] == views.commit
+    assert "mlflow.parentRunId" not in plain.mlflow_tags(config, None) and plain.mlflow_tags(config, None)["grid"] == "none"

@@ -86,8 +86,8 @@ def results_section(runs: Mapping[str, Mapping[str, pl.ScreenRun | None]], learn
     header = ["Factor", "FedProx(0.01) round 40 (%)", "FedProx rounds 36-40 (%)", "FedProx best (%)",
               "FedCME(0.01) round 40 (%)", "FedCME rounds 36-40 (%)", "FedCME best (%)",
               "FedCME − FedProx at round 40 (points)", "Raised FedProx?"]
-    paper = ["the paper (its setup unstated)", f"{pl.PAPER['fedprox']:.2f}", "–", "–", f"{pl.PAPER['fedcme']:.2f}",
-             "–", "–", f"{pl.PAPER['fedcme'] - pl.PAPER['fedprox']:+.2f}", ""]
+    paper = ["the paper (its setup unstated)", f"{pl.PAPER_FEDPROX:.2f}", "–", "–", f"{pl.PAPER_FEDCME:.2f}",
+             "–", "–", f"{pl.PAPER_FEDCME - pl.PAPER_FEDPROX:+.2f}", ""]
     fedprox_runs = {factor: pair.get("fedprox") for factor, pair in runs.items() if factor != pl.TODAY}
     choice = pl.closest_setup(today, fedprox_runs, learning_rates)
     if choice.status == "pending":

@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedcme_core.common.atomic import atomic_write_bytes  # noqa: E402
 from fedcme_core.config.schema import flatten  # noqa: E402
 from fedcme_core.config.params import ParamsFile, load_params  # noqa: E402
-from fedcme_core.config.sections import setting_label  # noqa: E402
-from fedcme_core.config.factors import other_grid_file  # noqa: E402
+from fedcme_core.config.sections import other_grid_file, setting_label  # noqa: E402
 from flows.report import combination as rc  # noqa: E402
 from flows.report import sensitivity as rs  # noqa: E402
 from flows.report import verdicts  # noqa: E402
+from flows.report.factors import Study, load_study  # noqa: E402
 from flows.report.inputs import load_metrics  # noqa: E402
 from flows.report.published import published_figures, published_table  # noqa: E402
 from flows.report.sensitivity_figure import factor_panels_png  # noqa: E402
@@ -65,42 +65,41 @@ def relative(target: Path, markdown: Path) -> str:
     return Path(os.path.relpath(Path(target).resolve(), Path(markdown).resolve().parent)).as_posix()
 
 
-def factor_rows(params: ParamsFile, grids: Mapping[str, ParamsFile | None], partition: str | None,
+def factor_rows(params: ParamsFile, study: Study, grids: Mapping[str, ParamsFile | None], partition: str | None,
                 entries: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[list[list[str]], list[list[str]]]:
     """The rows of "what each factor is" and of the final accuracies (%), today's readings first."""
-    report = params.report
-    today = rs.reference_sides(report, partition)
-    today_config = params.cell_config(*cell_of(params, report.references.fedcme, partition)).model_dump(mode="json")
-    accuracy = [[rs.REFERENCE, *(rs.stats_text(rs.side_accuracies(entries, today[role]))
-                                 for role in ("fedcme", "twin", "fedavg")), today["fedcme"].grid]]
+    today = rs.reference_sides(study, partition)
+    today_config = params.cell_config(*cell_of(params, study.references.fedcme, partition)).model_dump(mode="json")
+    accuracy = [[rs.REFERENCE, *(rs.stats_text(rs.side_accuracies(entries, side))
+                                 for side in (today.fedcme, today.twin, today.fedavg)), today.fedcme.grid]]
     what = []
-    for factor in report.factors:
-        sides = rs.factor_sides(report, factor, partition)
-        grid_params = grids.get(sides["fedcme"].grid)
+    for factor in study.factors:
+        sides = rs.factor_sides(study, factor, partition)
+        grid_params = grids.get(sides.fedcme.grid)
         if grid_params is None:
-            changes = f"(the {sides['fedcme'].grid} grid file is not here)"
+            changes = f"(the {sides.fedcme.grid} grid file is not here)"
         else:
             config = grid_params.cell_config(*cell_of(grid_params, factor.fedcme, factor.setting or partition))
             changes = "; ".join(config_changes(today_config, config.model_dump(mode="json"))) or "nothing"
-        kind = "setup" if rs.is_setup(report, factor) else "reading"
+        kind = "setup" if rs.is_setup(study, factor) else "reading"
         what.append([factor.name, kind, factor.label, changes,
-                     f"{sides['fedcme'].method} / {sides['twin'].method} / {sides['fedavg'].method}"])
-        accuracy.append([factor.name, *(rs.stats_text(rs.side_accuracies(entries, sides[role]))
-                                        for role in ("fedcme", "twin", "fedavg")), sides["fedcme"].grid])
+                     f"{sides.fedcme.method} / {sides.twin.method} / {sides.fedavg.method}"])
+        accuracy.append([factor.name, *(rs.stats_text(rs.side_accuracies(entries, side))
+                                        for side in (sides.fedcme, sides.twin, sides.fedavg)), sides.fedcme.grid])
     return what, accuracy
 
 
-def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], partition: str | None,
+def report_markdown(params: ParamsFile, study: Study, grids: Mapping[str, ParamsFile | None], partition: str | None,
                     entries: Mapping[str, Sequence[Mapping[str, Any]]], rows: Sequence[rs.Comparison],
                     moves: Sequence[verdicts.Move], helps: Sequence[verdicts.Help], combined: Sequence[rs.Comparison],
                     links: Mapping[str, str], answer: str | None = None) -> str:
     """The report's Markdown text (see the module's docstring); `links`: the figure's and the NOTE's paths;
     `answer`: the study's answer in words (ANSWER.md), set above the rule's answer."""
-    report = params.report
+    report = study
     cell = cell_of(params, report.references.fedcme, partition)
     config = params.cell_config(*cell)
     training, federation = config.training, config.federation
-    what, accuracy = factor_rows(params, grids, partition, entries)
+    what, accuracy = factor_rows(params, study, grids, partition, entries)
     setup = [factor.name for factor in report.factors if rs.is_setup(report, factor)]
     moved = [move.factor for move in moves if move.status == "moved"]
     pending = [move.factor for move in moves if move.status == "pending"]
@@ -145,8 +144,8 @@ def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], 
         f"Helped: {', '.join(h.factor for h in helps if h.status == 'helped') or 'none yet'}."
         + (f" Pending (a run missing): {', '.join(h.factor for h in helps if h.status == 'pending')}."
            if any(h.status == "pending" for h in helps) else "") + "\n",
-        *combination_part(params, grids, entries, helps, combined),
-        *checks_part(params, grids, entries),
+        *combination_part(study, grids, entries, helps, combined),
+        *checks_part(study, grids, entries),
         "## Test accuracy per round\n",
         f"![curves per factor]({links['figure']})\n",
         "## The answer\n",
@@ -165,12 +164,12 @@ def report_markdown(params: ParamsFile, grids: Mapping[str, ParamsFile | None], 
     return "\n".join(parts)
 
 
-def combination_part(params: ParamsFile, grids: Mapping[str, ParamsFile | None],
+def combination_part(study: Study, grids: Mapping[str, ParamsFile | None],
                      entries: Mapping[str, Sequence[Mapping[str, Any]]], helps: Sequence[verdicts.Help],
                      rows: Sequence[rs.Comparison]) -> list[str]:
     """The combination's section (none without `report.combination`), with a line where the rule now gives
     other readings than those combined."""
-    combination = params.report.combination
+    combination = study.combination
     if combination is None:
         return []
     today, combined = grids.get(combination.against), grids.get(combination.grid)
@@ -186,11 +185,11 @@ def combination_part(params: ParamsFile, grids: Mapping[str, ParamsFile | None],
     return [rc.section(combination, entries, rows, changes), *mismatch]
 
 
-def checks_part(params: ParamsFile, grids: Mapping[str, ParamsFile | None],
+def checks_part(study: Study, grids: Mapping[str, ParamsFile | None],
                 entries: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
     """A section per grid of `report.checks`: its published figures beside our runs of that grid."""
     parts = []
-    for grid in params.report.checks:
+    for grid in study.checks:
         other = grids.get(grid)
         parts.append(f"## The {grid} check: ours beside the published figures\n")
         parts.append(f"(the {grid} grid file is not here)\n" if other is None else
@@ -203,7 +202,7 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
     """Write the report, its figure and the factors' CSV (each atomically); returns the paths written.
     Raises ConfigError (a ValueError) for a bad grid file and ValueError for a bad metrics file."""
     params = load_params(params_path)
-    report = params.report
+    report = load_study(params_path, params)
     if report.references is None or not report.factors:
         raise ValueError(f"{params_path}: report.factors: none given, nothing to compare")
     docs = Path(results).parent
@@ -223,8 +222,8 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
     helps = verdicts.readings_that_helped(rows, [factor.name for factor in report.factors if not rs.is_setup(report, factor)])
     combined = rc.comparisons(report.combination, entries) if report.combination is not None else []
     today = rs.reference_sides(report, partition)
-    panels = [(f"{factor.name}: {factor.label}", {**rs.factor_sides(report, factor, partition),
-                                                   "today_fedcme": today["fedcme"], "today_twin": today["twin"]})
+    panels = [(f"{factor.name}: {factor.label}", {**rs.factor_sides(report, factor, partition).roles(),
+                                                   "today_fedcme": today.fedcme, "today_twin": today.twin})
               for factor in report.factors]
     if report.combination is not None:
         panels.append((f"combination at T=100: {', '.join(report.combination.readings)}",
@@ -235,7 +234,7 @@ def publish_sensitivity(params_path: Path, results: Path, markdown: Path | None 
               **{factor.name: factor.label for factor in report.factors}}
     writes = {
         png: factor_panels_png(panels, entries, {name: Path(results) / name for name in names}),
-        markdown: report_markdown(params, grids, partition, entries, rows, moves, helps, combined, {
+        markdown: report_markdown(params, report, grids, partition, entries, rows, moves, helps, combined, {
             "figure": relative(png, markdown), "note": relative(Path(results) / report.name / "NOTE.md", markdown),
         }, answer.read_text(encoding="utf-8") if answer.is_file() else None).encode(),
         output_csv: rs.factors_csv([*rows, *combined], labels, kinds, verdicts.statuses(moves),

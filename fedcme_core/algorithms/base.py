@@ -1,46 +1,50 @@
-"""What an algorithm is: a small set of hooks over one local loop and one round loop.
+"""What an algorithm is: a set of hooks over one local loop and one round loop.
 
-Flower's strategies and fedjax's algorithms are the model: one base whose defaults are
-FedAvg's (McMahan et al., 2017: cross-entropy only, no matching, the server averages the
-models by data size and keeps nothing else), and each algorithm overrides a few hooks.
+Flower's ``Strategy`` and fedjax's algorithms are the model: :class:`Algorithm` declares the hooks
+(it is abstract), and :class:`~fedcme_core.algorithms.fedavg.FedAvg` implements every one of them
+(McMahan et al., 2017: cross-entropy only, one local phase, no matching, the server averages the
+models by data size and keeps nothing else). Every other algorithm is FedAvg with a few hooks
+overridden. The hooks read in pairs, by side:
 
-Client side: :class:`~fedcme_core.client.hooks.ClientHooks` (``extra_loss``, ``transform_logits``,
-``after_step``), built per client and round from a :class:`ClientContext` (what the client
-receives), then ``client_report`` (what it uploads besides its model) and ``client_state``
-(what is kept for it until its next round: MOON's previous model, SCAFFOLD's c_i).
-Server side: ``initial_server_state`` and ``aggregate_state`` (the algorithm's own server
-state: FedCME's global features and evaluation vectors, SCAFFOLD's c), ``match`` (who
-exchanges with whom), ``phases`` (the local epochs' split: one phase, or any number, with an
-``exchange`` at each boundary; FedCME's two meet at floor(E/2)), and ``round_record`` (the
-round record's section the algorithm owns: FedCME's pairs and evaluation vectors).
+- ``client_update`` / ``server_update``: what a client uploads besides its model (SPEC step 7),
+  and the algorithm's server state after aggregating those uploads (step 8);
+- ``client_state`` / ``server_init``: what is kept for a client until its next round (MOON's
+  previous model, SCAFFOLD's c_i), and the server's own state before round 0;
+- ``client_hooks`` / ``server_record``: the client's terms in the local loss
+  (:class:`~fedcme_core.client.hooks.ClientHooks`), and the server's section of the round record;
+- the round's shape: ``phases`` (the local epochs' split: one phase, or several with an ``exchange``
+  at each boundary) and ``match`` (who exchanges with whom).
 
-The round code (``fedcme_core.rounds``) calls these hooks and interprets no algorithm flag.
-An algorithm module defines its config class (a :class:`~fedcme_core.common.frozen.Frozen` model of
-its ``algorithm:`` section) and its Algorithm subclass, which names it once (``config_class``);
-the algorithm's name is that config's ``name`` literal, and ``algorithms/__init__.py`` holds the
-registry. The modules import without torch (the config's algorithm union is derived from the
-registry, and a config is validated before torch loads): torch and the torch-bound modules below
-are bound with :func:`~fedcme_core.common.lazy.lazy_module` and imported when a hook first runs.
+What an algorithm keeps is typed: its server state is an :class:`AlgorithmState` and its record
+section a :class:`RecordSection`, each a frozen dataclass that the algorithm owns (``state_class``,
+``record_class``), turned into plain data (tensors, lists, dicts) only where the run store writes it.
+The round code (``fedcme_core.rounds``) calls the hooks and interprets no algorithm's flag or key.
+
+An algorithm module defines its config class (a :class:`BaseAlgorithmConfig`, the model of its
+``algorithm:`` section, which also says how the algorithm is shown and checked) and its Algorithm
+subclass, which names it once (``config_class``); the algorithm's name is that config's ``name``
+literal, and ``algorithms/__init__.py`` holds the registry. The modules import without torch (the
+config's algorithm union is derived from the registry, and a config is validated before torch
+loads): torch and the torch-bound modules are bound with :func:`~fedcme_core.common.lazy.lazy_module`.
 """
 
 from __future__ import annotations
 
+import abc
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
+from fedcme_core.algorithms.settings import BaseAlgorithmConfig
 from fedcme_core.client.hooks import ClientHooks
-from fedcme_core.common.frozen import Frozen
 from fedcme_core.common.lazy import lazy_module
 
 np = lazy_module("numpy")
 torch = lazy_module("torch")
 models = lazy_module("fedcme_core.client.models")
-server_exchange = lazy_module("fedcme_core.server.exchange")
-
-ServerState = Mapping[str, Any]  # an algorithm's own server state: tensors and plain containers
 
 
 class Phase(NamedTuple):
@@ -48,6 +52,31 @@ class Phase(NamedTuple):
 
     first: int
     last: int
+
+
+class _Plain:
+    """Fields <-> plain data (tensors and plain containers), field by field; a subclass whose fields
+    hold other objects overrides both."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {item.name: getattr(self, item.name) for item in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]):
+        names = {item.name for item in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in values.items() if key in names})
+
+
+@dataclass(frozen=True)
+class AlgorithmState(_Plain):
+    """An algorithm's own server state (beside w^t): FedAvg keeps nothing. ``to_dict`` is the
+    stored form (loadable with ``weights_only=True``), ``from_dict`` reads it back."""
+
+
+@dataclass(frozen=True)
+class RecordSection(_Plain):
+    """An algorithm's section of a round record (``RoundRecord.algorithm``): FedAvg's is empty.
+    ``to_dict`` is the stored form (plain JSON data), ``from_dict`` reads it back."""
 
 
 @dataclass(frozen=True)
@@ -60,16 +89,22 @@ class ClientContext:
     global_state: Mapping[str, torch.Tensor]  # w^t
     seed: int  # the experiment seed (for the client's own random choices, e.g. D_eval_k)
     learning_rate: float  # the local SGD step size (training.lr)
-    server: ServerState = field(default_factory=dict)  # the algorithm's server state (zeta^t, c, ...)
+    server: AlgorithmState = field(default_factory=AlgorithmState)  # the algorithm's server state (zeta^t, c, ...)
     client_state: Mapping[str, Any] | None = None  # kept for this client since its last round, if any
 
 
 @dataclass(frozen=True)
 class Matching:
-    """A round's matching: `pairs` as formed (for the record) and receiver -> donor."""
+    """A round's matching (the match step's result): `pairs` as formed (for the record) and
+    receiver -> donor."""
 
     pairs: list[tuple[int, int]] = field(default_factory=list)
     donors: dict[int, int] = field(default_factory=dict)
+
+    def plain(self) -> Matching:
+        """The same matching in Python ints (an algorithm may form it of numpy integers)."""
+        return Matching(pairs=[(int(a), int(b)) for a, b in self.pairs],
+                        donors={int(receiver): int(donor) for receiver, donor in self.donors.items()})
 
 
 @dataclass(frozen=True)
@@ -79,74 +114,72 @@ class Upload:
     client: int
     num_samples: int
     model: Mapping[str, torch.Tensor]  # w_k^{t+1}
-    report: Mapping[str, Any]  # what `client_report` added
+    report: Mapping[str, Any]  # what `client_update` added
 
 
-class Algorithm:
-    """FedAvg, and the base every other algorithm overrides a few hooks of."""
+class Algorithm(abc.ABC):
+    """The hooks of an algorithm; :class:`~fedcme_core.algorithms.fedavg.FedAvg` implements them all."""
 
-    name: ClassVar[str] = "fedavg"
-    config_class: ClassVar[type[Frozen]]  # the pydantic model of its `algorithm:` section (set by each module)
-    exchange_part: str = "none"  # none | classifier | extractor | model
-    exchange_optimizer: str = "reset"  # the received part's momentum: reset | swap
+    name: ClassVar[str]  # its config's `name` literal
+    config_class: ClassVar[type[BaseAlgorithmConfig]]  # the model of its `algorithm:` section (set by each module)
+    state_class: ClassVar[type[AlgorithmState]]  # its server state
+    record_class: ClassVar[type[RecordSection]]  # its section of the round record
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "config_class" in cls.__dict__:  # the name is the config's `name` literal, declared once
-            cls.name = cls.config_class.model_fields["name"].default
+        name = cls.__dict__.get("config_class") and cls.config_class.model_fields.get("name")
+        if name is not None:  # the name is the config's `name` literal, declared once
+            cls.name = name.default
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: BaseAlgorithmConfig) -> None:
         self.config = config
 
     # ---------------------------------------------------------------- the round's shape
+    @abc.abstractmethod
     def phases(self, local_epochs: int) -> list[Phase]:
         """The local phases, in order, from epoch 0 to E (:func:`round_phases` checks them); the
-        round exchanges at each boundary. An exchanging algorithm splits at floor(E/2)."""
-        if self.exchange_part == "none":
-            return [Phase(0, local_epochs)]
-        return [Phase(0, local_epochs // 2), Phase(local_epochs // 2, local_epochs)]
+        round exchanges at each boundary."""
 
-    def match(self, selected: Sequence[int], server: ServerState, *, seed: int, round_index: int) -> Matching:
-        """Who exchanges with whom this round (Algorithm 1, line 8); nobody by default."""
-        return Matching()
+    @abc.abstractmethod
+    def match(self, selected: Sequence[int], server: AlgorithmState, *, seed: int, round_index: int) -> Matching:
+        """Who exchanges with whom this round (Algorithm 1, line 8: MakeMatching)."""
 
+    @abc.abstractmethod
     def exchange(self, sources: Mapping[int, Path], donors: Mapping[int, int],
                  destinations: Mapping[int, Path]) -> list[int]:
-        """SPEC step 5 at a phase boundary (a barrier): each receiver's swap checkpoint gets its
-        donor's part; returns the receivers."""
-        if not donors:
-            return []
-        return server_exchange.exchange_checkpoints(sources, donors, self.exchange_part, destinations,
-                                                    self.exchange_optimizer)
+        """SPEC step 5 at a phase boundary (a barrier): each receiver's checkpoint (`destinations`)
+        gets what it receives from its donor's (`sources`); returns the receivers."""
 
     # --------------------------------------------------------------------- client side
+    @abc.abstractmethod
     def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:
-        return ClientHooks()
+        """The client's hooks into its local loss for one round (SPEC steps 4 and 6)."""
 
-    def client_report(self, model: models.SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
+    @abc.abstractmethod
+    def client_update(self, model: models.SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
                       context: ClientContext, hooks: ClientHooks) -> dict[str, Any]:
         """What the client uploads besides its model and sample count (SPEC step 7), after
         training; `inputs` [D_k, C_in, H, W] and `labels` [D_k] are its whole local data."""
-        return {}
 
+    @abc.abstractmethod
     def client_state(self, model_state: Mapping[str, torch.Tensor], report: Mapping[str, Any],
                      context: ClientContext) -> dict[str, Any] | None:
-        """What is kept for this client until it is selected again (None: nothing)."""
-        return None
+        """What is kept for this client until it is selected again (None: nothing), from its
+        trained model and its `client_update` report."""
 
     # --------------------------------------------------------------------- server side
-    def initial_server_state(self, global_state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    @abc.abstractmethod
+    def server_init(self, global_state: Mapping[str, torch.Tensor]) -> AlgorithmState:
         """The algorithm's server state before round 0 (beside w^0)."""
-        return {}
 
-    def aggregate_state(self, server: ServerState, uploads: Sequence[Upload], num_clients: int) -> dict[str, Any]:
+    @abc.abstractmethod
+    def server_update(self, server: AlgorithmState, uploads: Sequence[Upload], num_clients: int) -> AlgorithmState:
         """SPEC step 8 for the algorithm's own state (the model average is the round's)."""
-        return dict(server)
 
-    def round_record(self, matching: Matching, uploads: Sequence[Upload]) -> dict[str, Any]:
-        """The round record's section this algorithm owns (``RoundRecord.algorithm``: plain JSON
-        data), from the round's matching and its accepted uploads; nothing by default."""
-        return {}
+    @abc.abstractmethod
+    def server_record(self, matching: Matching, uploads: Sequence[Upload]) -> RecordSection:
+        """The round record's section this algorithm owns, from the round's matching and its
+        accepted uploads."""
 
 
 def round_phases(algorithm: Algorithm, local_epochs: int) -> list[Phase]:

@@ -9,17 +9,20 @@ from typing import Literal
 
 from pydantic import Field
 
-from fedcme_core.algorithms.base import Algorithm, ClientContext
+from fedcme_core.algorithms.base import ClientContext
+from fedcme_core.algorithms.fedavg import FedAvg
+from fedcme_core.algorithms.settings import BaseAlgorithmConfig
 from fedcme_core.client.hooks import ClientHooks
-from fedcme_core.common.frozen import Frozen
 from fedcme_core.common.lazy import lazy_module
 
 torch = lazy_module("torch")
 models = lazy_module("fedcme_core.client.models")
 
 
-class FedProxConfig(Frozen):
+class FedProxConfig(BaseAlgorithmConfig):
     name: Literal["fedprox"] = "fedprox"
+    display_name = "FedProx"
+    label_parameter = "mu"
     mu: float = Field(0.01, ge=0)
 
 
@@ -36,7 +39,7 @@ class ProximalHooks(ClientHooks):
         return 0.5 * self.mu * squared_distance
 
 
-class FedProx(Algorithm):
+class FedProx(FedAvg):
     config_class = FedProxConfig
 
     def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:

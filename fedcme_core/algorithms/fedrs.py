@@ -12,9 +12,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from fedcme_core.algorithms.base import Algorithm, ClientContext
+from fedcme_core.algorithms.base import ClientContext
+from fedcme_core.algorithms.fedavg import FedAvg
+from fedcme_core.algorithms.settings import BaseAlgorithmConfig
 from fedcme_core.client.hooks import ClientHooks
-from fedcme_core.common.frozen import Frozen
 from fedcme_core.common.lazy import lazy_module
 
 np = lazy_module("numpy")
@@ -22,8 +23,10 @@ torch = lazy_module("torch")
 models = lazy_module("fedcme_core.client.models")
 
 
-class FedRSConfig(Frozen):
+class FedRSConfig(BaseAlgorithmConfig):
     name: Literal["fedrs"] = "fedrs"
+    display_name = "FedRS"
+    label_parameter = "alpha"
     alpha: float = Field(0.5, gt=0, le=1)
     # presence: s_c = 1 if the client holds c else alpha (the paper);
     # proportional: s_c = alpha + (1 - alpha) * n_c / max_j n_j (the authors' code).
@@ -52,7 +55,7 @@ class RestrictedSoftmaxHooks(ClientHooks):
         return logits * self.scale  # [B, C]
 
 
-class FedRS(Algorithm):
+class FedRS(FedAvg):
     config_class = FedRSConfig
 
     def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:

@@ -15,9 +15,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from fedcme_core.algorithms.base import Algorithm, ClientContext, frozen_copy
+from fedcme_core.algorithms.base import ClientContext, frozen_copy
+from fedcme_core.algorithms.fedavg import FedAvg
+from fedcme_core.algorithms.settings import BaseAlgorithmConfig
 from fedcme_core.client.hooks import ClientHooks
-from fedcme_core.common.frozen import Frozen
 from fedcme_core.common.lazy import lazy_module
 
 torch = lazy_module("torch")
@@ -25,8 +26,11 @@ F = lazy_module("torch.nn.functional")
 models = lazy_module("fedcme_core.client.models")
 
 
-class MoonConfig(Frozen):
+class MoonConfig(BaseAlgorithmConfig):
     name: Literal["moon"] = "moon"
+    display_name = "MOON"
+    label_parameter = "mu"
+    projection_dim = 256  # the projection head's output size z (model.projection_dim overrides it)
     mu: float = Field(1.0, ge=0)
     tau: float = Field(0.5, gt=0)
 
@@ -50,7 +54,7 @@ class ContrastiveHooks(ClientHooks):
         return self.mu * F.cross_entropy(contrast_logits, targets)
 
 
-class Moon(Algorithm):
+class Moon(FedAvg):
     config_class = MoonConfig
 
     def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:

@@ -16,11 +16,13 @@ parameters, as float32 tensors on the CPU.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from fedcme_core.algorithms.base import Algorithm, ClientContext, ServerState, Upload
+from fedcme_core.algorithms.base import AlgorithmState, ClientContext, Upload
+from fedcme_core.algorithms.fedavg import FedAvg
+from fedcme_core.algorithms.settings import BaseAlgorithmConfig
 from fedcme_core.client.hooks import ClientHooks
-from fedcme_core.common.frozen import Frozen
 from fedcme_core.common.lazy import lazy_module
 
 torch = lazy_module("torch")
@@ -29,8 +31,16 @@ models = lazy_module("fedcme_core.client.models")
 ControlVariate = dict[str, "torch.Tensor"]  # parameter name -> tensor of the parameter's shape
 
 
-class ScaffoldConfig(Frozen):
+class ScaffoldConfig(BaseAlgorithmConfig):
     name: Literal["scaffold"] = "scaffold"
+    display_name = "SCAFFOLD"
+
+
+@dataclass(frozen=True)
+class ScaffoldState(AlgorithmState):
+    """The server's control variate c (None before the first aggregation)."""
+
+    control: ControlVariate | None = None
 
 
 class ControlVariateHooks(ClientHooks):
@@ -69,19 +79,20 @@ def server_control_update(server_control: ControlVariate, deltas: Sequence[Contr
     return {name: value + sum(delta[name] for delta in deltas) / num_clients for name, value in server_control.items()}
 
 
-class Scaffold(Algorithm):
-    """Server state: ``control`` (c, None before the first aggregation); client state: c_i."""
+class Scaffold(FedAvg):
+    """Server state: :class:`ScaffoldState` (c); client state: c_i."""
 
     config_class = ScaffoldConfig
+    state_class = ScaffoldState
 
     def client_hooks(self, model: models.SplitModel, context: ClientContext) -> ClientHooks:
         """c and c_i (zeros before the first aggregation / the client's first round)."""
         zeros = zeros_like_parameters(model)
-        server = context.server.get("control") or zeros
+        server = context.server.control or zeros
         client = context.client_state["control"] if context.client_state is not None else zeros
         return ControlVariateHooks(model, server, client, context.learning_rate)
 
-    def client_report(self, model: models.SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
+    def client_update(self, model: models.SplitModel, inputs: torch.Tensor, labels: torch.Tensor,
                       context: ClientContext, hooks: ClientHooks) -> dict[str, Any]:
         local = {name: parameter.detach() for name, parameter in model.named_parameters()}
         delta = client_control_update(hooks.client, hooks.server, context.global_state, local, hooks.steps,
@@ -95,10 +106,7 @@ class Scaffold(Algorithm):
         client = context.client_state["control"] if context.client_state is not None else None
         return {"control": {name: (client[name] if client is not None else 0) + value for name, value in delta.items()}}
 
-    def initial_server_state(self, global_state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-        return {"control": None}
-
-    def aggregate_state(self, server: ServerState, uploads: Sequence[Upload], num_clients: int) -> dict[str, Any]:
+    def server_update(self, server: ScaffoldState, uploads: Sequence[Upload], num_clients: int) -> ScaffoldState:
         deltas = [upload.report["control_delta"] for upload in uploads]
-        control = server["control"] or {name: torch.zeros_like(value) for name, value in deltas[0].items()}
-        return {"control": server_control_update(control, deltas, num_clients)}
+        control = server.control or {name: torch.zeros_like(value) for name, value in deltas[0].items()}
+        return ScaffoldState(control=server_control_update(control, deltas, num_clients))

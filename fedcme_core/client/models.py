@@ -14,13 +14,11 @@ p-dimensional projection.
 
 The paper's classifiers are "one or two linear layers" (``model.classifier_layers``). With two,
 the backbone's last linear layer and its ReLU move into phi (cifar_cnn: theta ends at the 120-d
-layer and phi is 120 -> 84 -> 10; fmnist_cnn: theta ends at the 1024-d flatten and phi is
-1024 -> 512 -> 10; cifar_cnn64: theta ends at the 384-d layer and phi is 384 -> 192 -> 10). The
-function and the initial weights are those of one layer (the same layers, built in the same order);
-only the split, and so what is exchanged and aligned, moves. With MOON's head, phi's first layer reads
-the projection: p -> h -> C, h the moved layer's width. resnet18_gn has one linear layer, so its
-classifier is that layer only (:func:`fedcme_core.client.architectures.check_classifier_layers`).
-Each model's feature dimension per split is declared in :data:`fedcme_core.client.architectures.ARCHITECTURES`.
+layer and phi is 120 -> 84 -> C). The function and the initial weights are those of one layer (the
+same layers, built in the same order); only the split, and so what is exchanged and aligned, moves.
+With MOON's head, phi's first layer reads the projection: p -> h -> C, h the moved layer's width.
+Each architecture's module (:mod:`fedcme_core.client.architectures`) declares its backbone, its input
+shape and its feature dimension per split; :func:`build_model` builds any registered one.
 """
 
 from __future__ import annotations
@@ -31,7 +29,8 @@ import torch
 from torch import nn
 
 from fedcme_core.client.architectures import (  # noqa: F401 - the names models are built by
-    ARCHITECTURES, MODEL_INFERENCE_BATCH, MODEL_INPUT_SHAPES, MODEL_NAMES, check_classifier_layers,
+    ARCHITECTURES, MODEL_INFERENCE_BATCH, MODEL_INPUT_SHAPES, MODEL_NAMES, InputShape, architecture,
+    check_classifier_layers, check_input_shape,
 )
 
 CLASSIFIER_PREFIX = "classifier."
@@ -78,121 +77,33 @@ class SplitModel(nn.Module):
         return self.classify(self.features(x))
 
 
-def _fmnist_backbone() -> nn.Sequential:
-    # The CNN of the FedAvg paper: 1x28x28 -> 32x12x12 -> 64x4x4 -> 1024 -> 512.
-    return nn.Sequential(
-        nn.Conv2d(1, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 4 * 4, 512), nn.ReLU(),
-    )
-
-
-def _cifar_backbone() -> nn.Sequential:
-    # "simple-cnn" of MOON / NIID-Bench: 3x32x32 -> 6x14x14 -> 16x5x5 -> 400 -> 120 -> 84.
-    return nn.Sequential(
-        nn.Conv2d(3, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
-    )
-
-
-def _cifar64_backbone() -> nn.Sequential:
-    # The CIFAR CNN of the FedAvg paper's experiments (McMahan et al. 2017; TensorFlow's cifar10
-    # tutorial model, without its local response normalisation):
-    # 3x32x32 -> 64x28x28 -> 64x14x14 -> 64x10x10 -> 64x5x5 -> 1600 -> 384 -> 192.
-    return nn.Sequential(
-        nn.Conv2d(3, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 5 * 5, 384), nn.ReLU(), nn.Linear(384, 192), nn.ReLU(),
-    )
-
-
-GROUP_NORM_GROUPS = 2  # resnet18_gn: GroupNorm(2, channels), as Hsieh et al. 2020
-
-
-def _group_norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(GROUP_NORM_GROUPS, channels)
-
-
-class BasicBlock(nn.Module):
-    """ResNet's basic block with GroupNorm: [B, c_in, H, W] -> [B, c_out, H / stride, W / stride].
-    Two 3x3 convolutions (no bias), each followed by GroupNorm; the shortcut is the identity, or a
-    1x1 strided convolution and GroupNorm where the shape changes; ReLU after the sum."""
-
-    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
-        self.norm1 = _group_norm(out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, stride=1, padding=1, bias=False)
-        self.norm2 = _group_norm(out_channels)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                                          _group_norm(out_channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.relu(self.norm1(self.conv1(x)))
-        out = self.norm2(self.conv2(out))
-        return torch.relu(out + self.shortcut(x))
-
-
-
-class GlobalAveragePool(nn.Module):
-    """[B, C, H, W] -> [B, C, 1, 1], the mean over H and W. On the CPU it is
-    ``nn.AdaptiveAvgPool2d(1)``, as before; on CUDA a plain mean, because adaptive pooling's CUDA
-    backward has no deterministic kernel (it raises under ``torch.use_deterministic_algorithms``).
-    Both are the same mean, within float rounding; no parameters or state."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cuda":
-            return x.mean(dim=(2, 3), keepdim=True)
-        return nn.functional.adaptive_avg_pool2d(x, 1)
-
-def _resnet18_gn_backbone() -> nn.Sequential:
-    """ResNet-18 (He et al. 2016; BasicBlock, [2, 2, 2, 2], widths 64/128/256/512) for 32x32 inputs:
-    a 3x3 stride-1 stem without max pool, and GroupNorm with 2 groups in place of every BatchNorm
-    (the shortcuts' included), as Hsieh et al. 2020 ("The Non-IID Data Quagmire of Decentralized
-    Machine Learning", ICML) for learning on non-IID data, where BatchNorm's batch statistics differ
-    across clients; GroupNorm has no running statistics, so the model's state is all parameters.
-    3x32x32 -> 64x32x32 -> 128x16x16 -> 256x8x8 -> 512x4x4 -> average pool -> 512.
-    Convolutions are initialised as torchvision's ResNet (Kaiming normal, fan out), GroupNorm to
-    weight 1, bias 0."""
-    layers: list[nn.Module] = [nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False), _group_norm(64), nn.ReLU()]
-    in_channels = 64
-    for out_channels, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        layers += [BasicBlock(in_channels, out_channels, stride), BasicBlock(out_channels, out_channels, 1)]
-        in_channels = out_channels
-    backbone = nn.Sequential(*layers, GlobalAveragePool(), nn.Flatten())
-    for module in backbone.modules():
-        if isinstance(module, nn.Conv2d):
-            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-    return backbone
-
-
-_BACKBONES = {"fmnist_cnn": _fmnist_backbone, "cifar_cnn": _cifar_backbone, "cifar_cnn64": _cifar64_backbone,
-              "resnet18_gn": _resnet18_gn_backbone}
-
-
 def build_model(name: str, num_classes: int = 10, projection_dim: int | None = None, seed: int | None = None,
-                classifier_layers: int = 1) -> SplitModel:
-    """Build a model by name; with `seed`, its initial weights are a function of the seed alone.
-    `classifier_layers` is how many of the last linear layers form the classifier phi (1, or 2 where the
-    architecture has two: :data:`fedcme_core.client.architectures.ARCHITECTURES`)."""
-    if name not in _BACKBONES:
-        raise ValueError(f"model.name: unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+                classifier_layers: int = 1, input_shape: InputShape | None = None) -> SplitModel:
+    """Build the registered architecture `name` (:data:`fedcme_core.client.architectures.ARCHITECTURES`)
+    with a classifier over `num_classes`; with `seed`, its initial weights are a function of the seed
+    alone. `classifier_layers` is how many of the last linear layers form the classifier phi (1, or 2
+    where the architecture declares two feature dimensions). `input_shape` is the dataset's (C, H, W):
+    needed by an architecture that adapts to it, checked against one built for a fixed shape."""
+    declared = architecture(name)
     check_classifier_layers(name, classifier_layers)
-    backbone_dim = ARCHITECTURES[name].feature_dims[0]
+    if declared.adapts and input_shape is None:
+        raise ValueError(f"model.name: {name} adapts to the dataset's input shape; give build_model its input_shape")
+    check_input_shape(name, input_shape, "the dataset")
+    backbone_dim = declared.feature_dims[0]
     fork_devices: list = []
     with torch.random.fork_rng(devices=fork_devices, enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
-        backbone = _BACKBONES[name]()
+        backbone = declared.backbone(tuple(input_shape) if input_shape is not None else declared.input_shape)
         hidden = None
         if classifier_layers == 2:
             # The backbone ends [..., Linear(h_in, h), ReLU]: that Linear becomes phi's first layer.
             *kept, hidden, _ = list(backbone)
+            if not isinstance(hidden, nn.Linear) or hidden.in_features != declared.feature_dims[1]:
+                raise ValueError(f"model.classifier_layers: {name}'s backbone does not end with the "
+                                 f"Linear({declared.feature_dims[1]}, {backbone_dim}) and ReLU its feature_dims declare")
             backbone, backbone_dim = nn.Sequential(*kept), hidden.in_features
-        return SplitModel(backbone, backbone_dim, num_classes, projection_dim, MODEL_INFERENCE_BATCH[name], hidden)
+        return SplitModel(backbone, backbone_dim, num_classes, projection_dim, declared.inference_batch, hidden)
 
 
 def is_classifier_key(key: str) -> bool:

@@ -208,7 +208,8 @@ def training_step(model_name: str, num_classes: int, projection_dim: int | None,
     def step(option: Compute) -> int:
         configure_device(device, option.precision)  # before the first CUDA kernel of the calibration
         if option not in runs:
-            model = option.model(build_model(model_name, num_classes, projection_dim, seed=seed).to(device))
+            model = build_model(model_name, num_classes, projection_dim, seed=seed, input_shape=input_shape)
+            model = option.model(model.to(device))
             runs[option] = (start_local_run(model, training, torch.Generator().manual_seed(seed)),
                             option.layout(inputs).to(device), labels.to(device))
         run, option_inputs, option_labels = runs[option]

@@ -1,5 +1,5 @@
-"""The experiment config: its schema (pydantic), the params files that hold a grid, partition
-tags and sensitivity factors; one ConfigError line for any problem. The ``algorithm:`` section's
+"""The experiment config: its schema (pydantic), the params files that hold a grid, and partition
+tags; one ConfigError line for any problem. The ``algorithm:`` section's
 classes are the algorithms' own (the union derived from their registry, ``fedcme_core.algorithms``,
 a layer below). The public names, for scripts: ``from fedcme_core.config import load_config``."""
 

@@ -2,11 +2,13 @@
 
 A params file holds ``base`` (the experiment config every run starts from, see
 :mod:`fedcme_core.config.schema`), ``methods`` (named algorithm sections with a display label and a
-group), ``datasets`` (the model of each dataset), ``grid`` and ``ablation`` (the experiments
-``dvc repro`` trains) and ``report``. Every section forbids unknown keys, and every grid cell's
-composed experiment config is validated too, so that a typo anywhere (``gird:`` for ``grid:``,
-``methods.fedprox.mu`` as ``mu_``) is one line naming the file and the key, before anything
-trains or writes. :func:`load_params` reads and validates a file; :meth:`ParamsFile.cell_config`
+group), ``datasets`` (the model of each dataset, and the path of a researcher's own data), ``grid``
+and ``ablation`` (the experiments ``dvc repro`` trains) and ``report``. Every section forbids
+unknown keys, and every grid cell's composed experiment config is validated too, so that a typo
+anywhere (``gird:`` for ``grid:``, ``methods.fedprox.mu`` as ``mu_``) is one line naming the file
+and the key, before anything trains or writes. :func:`load_params` reads and validates a file (a
+DVC stage: its sections, and then only the cell it trains); :func:`load_config` only the one experiment config a run takes from
+it (``base``); :meth:`ParamsFile.cell_config`
 is the experiment config of one grid cell (method, dataset, partition tag, K, M, seed), the one the
 DVC train stage runs: `base`, then the partition tag (:mod:`fedcme_core.config.partition_tags`), the grid
 dimensions, the method's algorithm, ``datasets.<d>``, and last the method's ``setup``.
@@ -21,10 +23,11 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
-from fedcme_core.config.schema import ExperimentConfig, ModelConfig, PartitionConfig, config_from_dict, format_validation_error
+from fedcme_core.config.schema import ExperimentConfig, PartitionConfig, config_from_dict, format_validation_error
 from fedcme_core.config.files import ConfigError, apply_overrides, read_yaml
-from fedcme_core.config.factors import other_grid_file
-from fedcme_core.config.sections import AblationSection, Dataset, GridSection, MethodEntry, ReportSection, Section
+from fedcme_core.config.sections import (
+    AblationSection, Dataset, DatasetEntry, GridSection, MethodEntry, ReportSection, Section, other_grid_file,
+)
 from fedcme_core.config.partition_tags import check_tag_for_method, partition_overrides
 
 
@@ -33,7 +36,7 @@ class ParamsFile(Section):
 
     base: ExperimentConfig
     methods: dict[str, MethodEntry] = Field(min_length=1)
-    datasets: dict[Dataset, ModelConfig] = {}
+    datasets: dict[Dataset, DatasetEntry] = {}
     grid: GridSection
     ablation: AblationSection | None = None
     report: ReportSection = ReportSection()
@@ -103,8 +106,7 @@ class ParamsFile(Section):
             "federation.num_clients": clients,
             "federation.clients_per_round": per_round,
             "algorithm": self.methods[method].algorithm.model_dump(mode="json"),
-            **({f"model.{key}": value for key, value in model.model_dump(mode="json", exclude_unset=True).items()}
-               if model is not None else {}),
+            **(model.overrides() if model is not None else {}),  # model.*, and data.path for a researcher's data
             **self.methods[method].setup,
         }
         if prepared_dir is not None:
@@ -112,8 +114,8 @@ class ParamsFile(Section):
         return overrides
 
     def cell_config(self, *cell: Any, prepared_dir: str | None = None, source: str = "params") -> ExperimentConfig:
-        """The validated config of one grid cell (validated once per file: `params_from_dict` keeps
-        every cell's), reading its data from `prepared_dir` when given."""
+        """The validated config of one grid cell (validated once per file and kept: by `params_from_dict`
+        with `cells`, else here on first use), reading its data from `prepared_dir` when given."""
         config = self._cells.get(cell)
         if config is None:
             config = config_from_dict(apply_overrides(self.raw_base, self.cell_overrides(*cell)), source=source)
@@ -144,28 +146,33 @@ def _format_params_location(error: ValidationError, source: str) -> str:
     return re.sub(r"(methods\.[^.:;\s]+)\.algorithm\b", r"\1", format_validation_error(error, source))
 
 
-def params_from_dict(values: Any, source: str = "params") -> ParamsFile:
-    """Validate a whole params file's contents, and every grid cell's composed config."""
+def params_from_dict(values: Any, source: str = "params", cells: bool = True) -> ParamsFile:
+    """Validate a whole params file's contents, and with `cells` every grid cell's composed config
+    (without: each cell is validated when :meth:`ParamsFile.cell_config` is first asked for it)."""
     if not isinstance(values, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping of keys, got {type(values).__name__}")
     try:
         params = ParamsFile.model_validate(dict(values))
     except ValidationError as error:
         raise ConfigError(_format_params_location(error, source)) from None
-    for cell in params.all_cells():
+    for cell in params.all_cells() if cells else ():
         method, dataset, partition, clients, per_round, seed = cell
         params.cell_config(*cell, source=f"{source} [grid cell {method} {dataset} {partition} "
                                          f"K={clients} M={per_round} seed={seed}]")
     return params
 
 
-def load_params(path: str | Path) -> ParamsFile:
-    """Read and validate a whole params file; a problem is one ConfigError line naming file and key."""
+def load_params(path: str | Path, cells: bool = True) -> ParamsFile:
+    """Read and validate a params file; a problem is one ConfigError line naming file and key.
+
+    With `cells` (``fedcme check``, the report, the tools), every grid cell's composed config is
+    validated too; without, only the file's sections are, and a cell's config when it is asked for
+    (a DVC stage: the train stage validates its own cell's config, once, and no other)."""
     values = read_yaml(path)
     if not is_params_file(values):
         raise ConfigError(f"{path}: base: missing, or not a mapping of config keys (a params file needs "
                           "base, methods, grid)")
-    params = params_from_dict(values, source=str(path))
+    params = params_from_dict(values, source=str(path), cells=cells)
     check_factor_grids(params, Path(path))
     return params
 
@@ -190,20 +197,22 @@ def check_factor_grids(params: ParamsFile, path: Path) -> None:
 def load_config(
     path: str | Path, overrides: Mapping[str, Any] | None = None, section: str | None = None
 ) -> ExperimentConfig:
-    """Load and validate a config file; `overrides` are dotted keys ({"training.lr": 0.1}).
+    """Load and validate one experiment's config; `overrides` are dotted keys ({"training.lr": 0.1}).
 
-    With `section`, the config is that top-level key of the file; a file with a top-level
-    `base` mapping (params.yaml, which also holds the DVC grid) is validated whole
-    (this module) and read from `base` by default.
+    With `section`, the config is that top-level key of the file. A params file (a top-level `base`
+    mapping: params.yaml, configs/params-*.yaml) gives its `base` by default: the file's sections are
+    validated once, its `base` (with the overrides) among them, so that a typo anywhere in the file
+    (``gird:`` for ``grid:``) is one line; its grid cells are the pipeline's (:func:`load_params`,
+    ``fedcme check``), and no other experiment config is validated.
     """
     values = read_yaml(path)
     if values is None:
         values = {}
     source = str(path)
+    if is_params_file(values) and section in (None, "base"):
+        whole = {**values, "base": apply_overrides(values["base"], overrides or {})}
+        return params_from_dict(whole, source=source, cells=False).base
     if is_params_file(values):
-        # A params file (params.yaml, configs/params-*.yaml) is validated whole: a typo in its grid
-        # is an error here, before anything trains or writes.
-        params_from_dict(values, source=source)
         section = section or "base"
     if section is not None:
         if not isinstance(values, Mapping) or not isinstance(values.get(section), Mapping):

@@ -17,15 +17,10 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from fedcme_core.algorithms import ALGORITHM_CONFIGS, ALGORITHM_NAMES, AlgorithmConfig
-from fedcme_core.algorithms.fedcme import FedCMEConfig
-from fedcme_core.algorithms.moon import MoonConfig
-from fedcme_core.client.architectures import MODEL_INPUT_SHAPES, MODEL_NAMES, check_classifier_layers
+from fedcme_core.algorithms import ALGORITHM_CONFIGS, ALGORITHM_NAMES, DEFAULT_ALGORITHM, AlgorithmConfig
+from fedcme_core.config.data_sources import DatasetName, ModelName, check_data_model, data_input_shape, data_num_classes
 from fedcme_core.common.frozen import Frozen
 from fedcme_core.config.files import ConfigError, apply_overrides, read_yaml
-
-
-NUM_CLASSES = 10  # every dataset here (Fashion-MNIST, CIFAR-10, synthetic) has 10 classes
 
 
 class SyntheticConfig(Frozen):
@@ -38,7 +33,9 @@ class SyntheticConfig(Frozen):
 
 
 class DataConfig(Frozen):
-    dataset: Literal["fmnist", "cifar10", "synthetic"] = "fmnist"
+    dataset: DatasetName = "fmnist"  # a registered source (fedcme_core/data/catalog): fmnist, cifar10, synthetic, npz, ...
+    # The data of a source that reads a researcher's own files (npz: one .npz file; imagefolder: a folder).
+    path: str | None = None
     # Local mirror folder (holding fashion-mnist/ and cifar-10/); None: env FEDCME_DATA_MIRROR, else download.
     mirror: str | None = None
     # The project's own data folder, where the mirror's files are decompressed or downloaded.
@@ -122,18 +119,19 @@ class TrainingConfig(Frozen):
     # fp32, or bf16 autocast of the forward pass and the loss (weights, optimizer state and
     # aggregation stay fp32); "auto" lets the calibration pick bf16 where the device computes it
     # natively and it is faster. "auto" by default since bf16 kept fp32's accuracy over 30-round
-    # runs (BENCHMARKS.md, "bf16 against fp32 in accuracy"). "tf32" (CUDA only, never chosen by
+    # runs (BENCHMARKS.md, "bf16 accuracy"). "tf32" (CUDA only, never chosen by
     # "auto"): fp32 products in TensorFloat-32; fp32 is IEEE fp32 on every device.
     precision: Literal["fp32", "bf16", "tf32", "auto"] = "auto"
 
 
 class ModelConfig(Frozen):
-    name: Literal[MODEL_NAMES] = "fmnist_cnn"  # type: ignore[valid-type] - the table's names (architectures.py)
+    name: ModelName = "fmnist_cnn"  # a registered architecture (fedcme_core/client/architectures)
     # The classifier phi: the last linear layer (1, SPEC.md) or the last two (2; "one or two linear
     # layers" in the paper). The feature theta(x) is then the input of the first of them. A model
     # with one linear layer (resnet18_gn) offers 1 only (checked with the dataset, below).
     classifier_layers: Literal[1, 2] = 1
-    # MOON's projection head output size; None: 256 for MOON, no head for the others.
+    # The projection head's output size; None: the algorithm's own (BaseAlgorithmConfig.projection_dim:
+    # MOON's 256), else no head.
     projection_dim: int | None = Field(None, ge=1)
 
 
@@ -183,36 +181,26 @@ class ExperimentConfig(Frozen):
     federation: FederationConfig = FederationConfig()
     training: TrainingConfig = TrainingConfig()
     model: ModelConfig = ModelConfig()
-    algorithm: AlgorithmConfig = FedCMEConfig()
+    algorithm: AlgorithmConfig = DEFAULT_ALGORITHM
     runner: RunnerConfig = RunnerConfig()
     tracking: TrackingConfig = Field(TrackingConfig(), exclude=True)  # not dumped: no part of a run's identity
 
     @model_validator(mode="after")
     def _cross_field_checks(self) -> ExperimentConfig:
-        algorithm = self.algorithm
-        if isinstance(algorithm, FedCMEConfig) and algorithm.exchange != "none" and self.training.local_epochs < 2:
-            raise ValueError(
-                f"training.local_epochs: FedCME with exchange '{algorithm.exchange}' needs at least 2 local epochs "
-                f"(it swaps after floor(E/2)), got {self.training.local_epochs}"
-            )
+        self.algorithm.check_experiment(self)  # what the algorithm needs of the experiment (FedCME: E >= 2 to swap)
         if self.device == "cpu" and self.training.precision == "tf32":
             raise ValueError("training.precision: tf32 is TensorFloat-32 of CUDA GPUs; with device: cpu use fp32")
-        expected_shape = MODEL_INPUT_SHAPES[self.model.name]
-        if self.input_shape != expected_shape:
-            raise ValueError(
-                f"model.name: {self.model.name} expects inputs {expected_shape}, "
-                f"but data.dataset {self.data.dataset} gives {self.input_shape}"
-            )
-        check_classifier_layers(self.model.name, self.model.classifier_layers)
+        check_data_model(self.data, self.model)  # data.path, input shape, classifier split
         partition = self.partition
         if partition.method == "labels_per_client":
-            if partition.labels_per_client > NUM_CLASSES:
+            num_classes = data_num_classes(self.data) or 0  # 0: derived when loaded (then checked by the partition)
+            if num_classes and partition.labels_per_client > num_classes:
                 raise ValueError(f"partition.labels_per_client: {partition.labels_per_client} exceeds the "
-                                 f"{NUM_CLASSES} classes of {self.data.dataset}")
-            if partition.labels_per_client * self.federation.num_clients < NUM_CLASSES:
+                                 f"{num_classes} classes of {self.data.dataset}")
+            if partition.labels_per_client * self.federation.num_clients < num_classes:
                 raise ValueError(
                     f"partition.labels_per_client: {self.federation.num_clients} clients x "
-                    f"{partition.labels_per_client} labels cannot cover the {NUM_CLASSES} classes"
+                    f"{partition.labels_per_client} labels cannot cover the {num_classes} classes"
                 )
         if self.data.dataset == "synthetic" and self.partition.min_size * self.federation.num_clients > self.data.synthetic.num_train:
             raise ValueError(
@@ -222,8 +210,8 @@ class ExperimentConfig(Frozen):
         return self
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        return {"fmnist": (1, 28, 28), "cifar10": (3, 32, 32)}.get(self.data.dataset, self.data.synthetic.shape)
+    def input_shape(self) -> tuple[int, int, int] | None:
+        return data_input_shape(self.data)  # None: a file not there yet (fedcme_core/config/data_sources.py)
 
     @property
     def augmentation(self) -> str:
@@ -234,10 +222,10 @@ class ExperimentConfig(Frozen):
 
     @property
     def projection_dim(self) -> int | None:
-        """MOON's projection head size (256 unless set); None for models without a head."""
+        """`model.projection_dim`, else the algorithm's (MOON: 256); None for models without a head."""
         if self.model.projection_dim is not None:
             return self.model.projection_dim
-        return 256 if isinstance(self.algorithm, MoonConfig) else None
+        return self.algorithm.projection_dim
 
     def flat(self) -> dict[str, Any]:
         """The config as {"training.lr": 0.01, ...} (for tracking and grids)."""

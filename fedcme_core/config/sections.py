@@ -1,28 +1,38 @@
 """The sections of a params file below ``base``: ``methods`` (named algorithm sections with a label,
 a group and ``setup`` overrides), ``grid`` and ``ablation`` (the experiments ``dvc repro`` trains) and
-``report`` (its name, target, published figures and sensitivity factors). Each forbids unknown keys;
-:mod:`fedcme_core.config.params` composes them into the whole file and its grid cells.
+``report`` (its name, target, published figures and the grids it checks against; a study's own keys
+there are the report's, ``flows.report``). Each forbids unknown keys (but ``report``, whose other keys
+are the studies'); :mod:`fedcme_core.config.params` composes them into the whole file and its grid cells.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from fedcme_core.config.factors import (
-    GRID_NAME_PATTERN, ReportCombination, ReportFactor, ReportReferences, check_combination, check_factors,
-    factor_method_problems,
-)
 from fedcme_core.config.partition_tags import parse_partition_tag, partition_label
-from fedcme_core.config.schema import AlgorithmConfig
+from fedcme_core.config.data_sources import GridDatasetName
+from fedcme_core.config.schema import AlgorithmConfig, ModelConfig
+from fedcme_core.data.catalog import SOURCES
 
 
-GRID_DATASETS = ("fmnist", "cifar10")
-Dataset = Literal["fmnist", "cifar10"]
-DATASET_LABELS = {"fmnist": "FMNIST", "cifar10": "CIFAR-10", "synthetic": "Synthetic"}
+Dataset = GridDatasetName  # a source the prepare stage writes (fedcme_core/data/catalog): fmnist, cifar10, npz, ...
+
+
+GRID_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"  # a grid's name (report.name): docs/results/<name>.csv
+
+
+def other_grid_file(grid: str, beside: Path) -> Path | None:
+    """The grid file of another grid: ``params-<grid>.yaml`` beside the file `beside`, else under
+    ``configs/`` beside it (a params.yaml copied to the root); None when neither exists."""
+    for folder in (Path(beside).parent, Path(beside).parent / "configs"):
+        if (folder / f"params-{grid}.yaml").is_file():
+            return folder / f"params-{grid}.yaml"
+    return None
 
 
 # What `methods.<name>.setup` may not set: the grid's dimensions (and anything under them).
@@ -31,7 +41,8 @@ GRID_KEYS = ("seed", "data.dataset", "partition", "federation.num_clients", "fed
 
 def setting_label(dataset: str, partition: str, clients: int, per_round: int) -> str:
     """"CIFAR-10 α=0.5 K=10 M=10" / "CIFAR-10 #C=2 K=10 M=10": a grid setting as the report names it."""
-    return f"{DATASET_LABELS.get(dataset, dataset)} {partition_label(partition)} K={clients} M={per_round}"
+    label = SOURCES[dataset].label if dataset in SOURCES else dataset
+    return f"{label} {partition_label(partition)} K={clients} M={per_round}"
 
 
 def _under(key: str, prefixes: tuple[str, ...]) -> bool:
@@ -42,6 +53,8 @@ def _setup_key_problem(key: str, value: Any) -> str | None:
     """Why `key` may not be a `setup` override, or None when it may."""
     if _under(key, GRID_KEYS):
         return "a grid dimension; the grid and ablation sections set it"
+    if _under(key, ("data.path",)):
+        return "the data the prepare stage reads, the same for every method; set it in base.data.path"
     if _under(key, ("algorithm",)):
         return "the method's algorithm; write it in the method itself (methods.<name>.mu), not in setup"
     if isinstance(value, Mapping):
@@ -81,6 +94,20 @@ class MethodEntry(Section):
             if problem is not None:
                 raise ValueError(f"{key}: {problem}")
         return setup
+
+
+class DatasetEntry(ModelConfig):
+    """`datasets.<name>`: the model a grid dataset trains (the keys of `model:`: name, classifier_layers,
+    projection_dim) and, for a researcher's own data (npz, imagefolder), its `path`, which the prepare
+    stage reads and the dataset's cells take as `data.path`."""
+
+    path: str | None = Field(None, min_length=1)
+
+    def overrides(self) -> dict[str, Any]:
+        """The dotted overrides of the dataset's cells: model.<key> for each model key given, data.path."""
+        given = self.model_dump(mode="json", exclude_unset=True)
+        path = given.pop("path", None)
+        return {**{f"model.{key}": value for key, value in given.items()}, **({"data.path": path} if path else {})}
 
 
 class GridSection(Section):
@@ -165,38 +192,31 @@ class PublishedFigure(Section):
 
 
 class ReportSection(Section):
+    """`report`: the grid's name, its target accuracy, the figures published for its runs and the other
+    grids whose published figures the report sets beside ours (`checks`). A study of the grid's runs
+    keeps its own keys here (the sensitivity study's ``references``, ``factors`` and ``combination``),
+    which no training reads: here they are plain data, which the report reads and checks
+    (``flows.report.factors``)."""
+
     name: str = Field("default", pattern=GRID_NAME_PATTERN, description="the grid's name (docs/results/<name>.csv)")
     target_accuracy: float | None = Field(None, gt=0, le=1)
     published: list[PublishedFigure] = []
-    references: ReportReferences | None = None
-    factors: list[ReportFactor] = []
-    combination: ReportCombination | None = None
     checks: list[Annotated[str, StringConstraints(pattern=GRID_NAME_PATTERN)]] = Field(
         [], description="other grids whose published figures (their report.published) the report sets beside ours")
+    references: dict[str, Any] | None = None
+    factors: list[dict[str, Any]] = []
+    combination: dict[str, Any] | None = None
 
-    @model_validator(mode="after")
-    def _factors_checked(self) -> ReportSection:
-        check_factors(self.references, self.factors)
-        check_combination(self.combination, self.references, self.factors, self.name)
-        return self
-
-    def factor_grid(self, factor: ReportFactor) -> str:
-        """The grid whose metrics hold a factor's runs: its `grid`, else this one."""
-        return factor.grid or self.name
+    def study(self) -> dict[str, Any]:
+        """The study's keys that this section holds, as written (for ``flows.report.factors``)."""
+        return self.model_dump(include={"references", "factors", "combination"}, exclude_defaults=True)
 
     def method_problems(self, methods: Mapping[str, Any], grid: str, partitions: Any = None) -> list[str]:
-        """Where `references`, the factors and the combination of `grid` name a method that `methods`
-        (that grid's) lacks, or a factor a setting outside its `partitions` (when given)."""
-        problems = factor_method_problems(self.references, self.factors, methods, grid, self.name, partitions)
-        if self.combination is not None:
-            problems += [f"report.combination.{role}: {method} not defined in methods of the {grid} grid"
-                         for role, method in self.combination.methods_by_grid().get(grid, {}).items()
-                         if method not in methods]
-        return problems
+        """Where this section names a method that `methods` (grid `grid`'s) lacks: nowhere (a published
+        figure's method is checked with the grid; a study checks its own, ``flows.report.factors``)."""
+        return []
 
     def other_grids(self) -> list[str]:
-        """The grids other than this one that the report reads: those of the factors, the combination and the checks."""
-        grids = [self.factor_grid(factor) for factor in self.factors]
-        grids += list(self.combination.methods_by_grid()) if self.combination is not None else []
-        grids += self.checks
-        return [grid for grid in dict.fromkeys(grids) if grid != self.name]
+        """The grids other than this one whose published figures the report sets beside ours."""
+        return [grid for grid in dict.fromkeys(self.checks) if grid != self.name]
+

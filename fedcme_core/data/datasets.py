@@ -2,16 +2,12 @@
 
 FedCME (Nie, Xiao, Yang, Wu, "FedCME: Client Matching and Classifier Exchanging to Handle
 Data Heterogeneity in Federated Learning", arXiv:2307.08574) is evaluated on Fashion-MNIST
-and CIFAR-10 with their official train/test splits. This module loads either one into
-float32 tensors [N, C, H, W], normalised per channel with the well-known training-set
-mean/std, with int64 labels [N]; models index these tensors directly (no per-sample PIL
-transform in the training loop).
-
-The official files come, verified, from a local mirror or torchvision's download
-(:mod:`fedcme_core.data.sources`).
-
-A ``synthetic`` dataset (per-class fixed random templates plus Gaussian noise, any shape)
-serves tests and smoke runs without real data.
+and CIFAR-10 with their official train/test splits. This module loads any registered source
+(:mod:`fedcme_core.data.catalog`: those two, ``synthetic``, a researcher's ``npz`` or
+``imagefolder``) into float32 tensors [N, C, H, W], normalised per channel with the training-set
+mean/std (the well-known values for the official datasets, derived from the training set for the
+others), with int64 labels [N]; models index these tensors directly (no per-sample PIL transform
+in the training loop).
 """
 
 from __future__ import annotations
@@ -23,19 +19,18 @@ from pathlib import Path
 import numpy as np
 
 from fedcme_core.common.lazy import lazy_module
-from fedcme_core.common.seeding import numpy_rng
-from fedcme_core.data.prepared import read_prepared, subset_rows, subset_seed
-from fedcme_core.data.sources import RAW_DATASETS, DataError, load_raw
+from fedcme_core.data.catalog import (
+    SOURCES, DatasetFacts, SourceSettings, SyntheticSpec, declared_facts, read_source,
+)
+from fedcme_core.data.catalog.official import CIFAR10_MEAN, CIFAR10_STD, FMNIST_MEAN, FMNIST_STD  # noqa: F401
+from fedcme_core.data.prepared import prepared_meta, read_prepared, subset_rows, subset_seed
+from fedcme_core.data.sources import DataError
 
 # Torch only when a dataset is built: the partition stage reads labels (fedcme_core.data.prepared).
 torch = lazy_module("torch")
-F = lazy_module("torch.nn.functional")
 
-DATASETS = (*RAW_DATASETS, "synthetic")  # the official datasets, then the synthetic one
+DATASETS = tuple(SOURCES)  # the registered sources: the official datasets, synthetic, npz, imagefolder
 
-# Training-set channel statistics of pixels/255 (the values used throughout the literature).
-FMNIST_MEAN, FMNIST_STD = (0.2860,), (0.3530,)
-CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
@@ -88,22 +83,6 @@ class Dataset:
         return int(channels), int(height), int(width)
 
 
-@dataclass(frozen=True)
-class SyntheticSpec:
-    """A synthetic dataset: ``template[label] + noise * N(0, 1)`` per sample.
-
-    Each class has one fixed smooth random template of ``shape`` (C, H, W); labels are
-    uniform random; train and test are independent draws from the same distribution.
-    """
-
-    num_train: int = 2000
-    num_test: int = 500
-    shape: tuple[int, int, int] = (1, 28, 28)
-    num_classes: int = 10
-    noise: float = 1.0
-    seed: int = 0
-
-
 def load_dataset(
     name: str,
     *,
@@ -111,21 +90,20 @@ def load_dataset(
     mirror: Path | None = None,
     synthetic: SyntheticSpec | None = None,
     normalise: bool = True,
+    path: Path | str | None = None,
 ) -> Dataset:
-    """Load dataset `name` (one of DATASETS) as normalised in-memory tensors.
+    """Load the registered source `name` (:data:`fedcme_core.data.catalog.SOURCES`) as normalised
+    in-memory tensors.
 
     `data_dir` receives decompressed files, downloads and verification stamps; `mirror`
-    (see :func:`fedcme_core.data.sources.resolve_mirror`) is only read. `synthetic` configures the "synthetic" dataset
-    (defaults: SyntheticSpec()). `normalise=False` keeps the images in [0, 1] (mean 0, std 1).
+    (see :func:`fedcme_core.data.sources.resolve_mirror`) is only read; `path` is ``data.path``, the
+    data of a source that reads a researcher's own files. `synthetic` configures the "synthetic"
+    dataset (defaults: SyntheticSpec()). `normalise=False` keeps the images in [0, 1] (mean 0, std 1).
     """
-    if name == "synthetic":
-        return make_synthetic(synthetic or SyntheticSpec(), normalise=normalise)
-    if name not in DATASETS:
-        raise DataError(f"unknown dataset {name!r}: expected one of {', '.join(DATASETS)}")
-    return from_raw(name, load_raw(name, data_dir=data_dir, mirror=mirror), normalise=normalise)
-
-
-STATISTICS = {"fmnist": (FMNIST_MEAN, FMNIST_STD), "cifar10": (CIFAR10_MEAN, CIFAR10_STD)}
+    settings = SourceSettings(Path(data_dir), mirror, Path(path) if path is not None else None,
+                              synthetic or SyntheticSpec())
+    data = read_source(name, settings)
+    return from_raw(name, data.arrays, normalise=normalise, facts=data.facts)
 
 
 def unit_statistics(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -133,51 +111,41 @@ def unit_statistics(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]
     return (0.0,) * channels, (1.0,) * channels
 
 
-def from_raw(name: str, arrays: dict[str, np.ndarray], normalise: bool = True) -> Dataset:
-    """Raw uint8 arrays as float32 images: normalised with the dataset's channel statistics, or with
-    `normalise=False` scaled to [0, 1] only (mean 0, std 1: NIID-Bench's CIFAR-10 inputs)."""
-    mean, std = STATISTICS[name] if normalise else unit_statistics(len(STATISTICS[name][0]))
+def from_raw(name: str, arrays: dict[str, np.ndarray], normalise: bool = True,
+             facts: DatasetFacts | None = None) -> Dataset:
+    """Raw arrays (images uint8 or float32 [N, C, H, W], labels int64) as float32 images: normalised
+    with the dataset's channel statistics, or with `normalise=False` scaled only (uint8 to [0, 1], mean
+    0, std 1: NIID-Bench's CIFAR-10 inputs). `facts` (classes and statistics) default to what the
+    source `name` declares."""
+    facts = facts or declared_facts(name, np.asarray(arrays["x_train"]).shape[1:])
+    mean, std = (facts.mean, facts.std) if normalise else unit_statistics(len(facts.mean))
+    scale = 255.0 if np.asarray(arrays["x_train"]).dtype == np.uint8 else 1.0
     return Dataset(
         name=name,
-        x_train=_normalise(torch.from_numpy(np.asarray(arrays["x_train"])), mean, std),
+        x_train=_normalise(torch.from_numpy(np.asarray(arrays["x_train"])), mean, std, scale=scale),
         y_train=_labels(arrays["y_train"]),
-        x_test=_normalise(torch.from_numpy(np.asarray(arrays["x_test"])), mean, std),
+        x_test=_normalise(torch.from_numpy(np.asarray(arrays["x_test"])), mean, std, scale=scale),
         y_test=_labels(arrays["y_test"]),
-        num_classes=10,
+        num_classes=facts.num_classes,
         mean=mean,
         std=std,
     )
 
 
 def load_prepared(directory: Path, expected_name: str | None = None, normalise: bool = True) -> Dataset:
-    """Load a folder written by :func:`save_prepared`, verifying every array's sha256
-    (`normalise`: as :func:`from_raw`)."""
-    return from_raw(*read_prepared(directory, expected_name), normalise=normalise)
+    """Load a folder written by :func:`fedcme_core.data.prepared.save_prepared`, verifying every array's
+    sha256, with the facts it records (else those its source declares); `normalise`: as :func:`from_raw`."""
+    meta = prepared_meta(directory)
+    name, arrays = read_prepared(directory, expected_name)
+    facts = DatasetFacts.from_json(meta["derived"]) if "derived" in meta else None
+    return from_raw(name, arrays, normalise=normalise, facts=facts)
 
 
 def make_synthetic(spec: SyntheticSpec, normalise: bool = True) -> Dataset:
     """The synthetic dataset of `spec`: a pure function of the spec (seed included); normalised with
     its own training-set statistics unless `normalise=False`."""
-    _validate_synthetic(spec)
-    templates = _synthetic_templates(spec)
-    x_train, y_train = _synthetic_split(spec, templates, spec.num_train, "synthetic-train")
-    x_test, y_test = _synthetic_split(spec, templates, spec.num_test, "synthetic-test")
-    mean = x_train.mean(axis=(0, 2, 3), dtype=np.float64)
-    std = x_train.std(axis=(0, 2, 3), dtype=np.float64)
-    if np.any(std == 0):
-        raise DataError("synthetic dataset: a channel has zero variance; use noise > 0 or more samples")
-    mean_tuple, std_tuple = ((tuple(float(value) for value in mean), tuple(float(value) for value in std))
-                             if normalise else unit_statistics(len(mean)))
-    return Dataset(
-        name="synthetic",
-        x_train=_normalise(torch.from_numpy(x_train), mean_tuple, std_tuple, scale=1.0),
-        y_train=torch.from_numpy(y_train),
-        x_test=_normalise(torch.from_numpy(x_test), mean_tuple, std_tuple, scale=1.0),
-        y_test=torch.from_numpy(y_test),
-        num_classes=spec.num_classes,
-        mean=mean_tuple,
-        std=std_tuple,
-    )
+    data = read_source("synthetic", SourceSettings(synthetic=spec))
+    return from_raw("synthetic", data.arrays, normalise=normalise, facts=data.facts)
 
 
 def subset(dataset: Dataset, *, train: int | None, test: int | None, seed: int) -> Dataset:
@@ -226,42 +194,3 @@ def _normalise(
     normalised = images.to(torch.float32, copy=True).contiguous()
     normalised.div_(scale).sub_(mean_tensor).div_(std_tensor)
     return normalised
-
-
-def _validate_synthetic(spec: SyntheticSpec) -> None:
-    if len(spec.shape) != 3 or any(int(size) < 1 for size in spec.shape):
-        raise DataError(f"synthetic shape {spec.shape} must be three positive sizes (C, H, W)")
-    if spec.num_train < 2 or spec.num_test < 0:
-        raise DataError(
-            f"synthetic num_train={spec.num_train} must be >= 2 and num_test={spec.num_test} >= 0"
-        )
-    if spec.num_classes < 1:
-        raise DataError(f"synthetic num_classes={spec.num_classes} must be >= 1")
-    if spec.noise < 0:
-        raise DataError(f"synthetic noise={spec.noise} must be >= 0")
-
-
-def _synthetic_templates(spec: SyntheticSpec) -> np.ndarray:
-    """One smooth random pattern per class, float32 [num_classes, C, H, W].
-
-    Standard-normal values on a grid 4x coarser than the image, bilinearly upsampled: the
-    classes differ in local spatial structure, which a small CNN picks up quickly, while
-    per-pixel noise of the same scale keeps single pixels uninformative.
-    """
-    channels, height, width = (int(size) for size in spec.shape)
-    coarse_shape = (spec.num_classes, channels, max(1, -(-height // 4)), max(1, -(-width // 4)))
-    coarse = numpy_rng(spec.seed, "synthetic-templates").standard_normal(coarse_shape, dtype=np.float32)
-    smooth = F.interpolate(
-        torch.from_numpy(coarse), size=(height, width), mode="bilinear", align_corners=False
-    )
-    return smooth.numpy()
-
-
-def _synthetic_split(
-    spec: SyntheticSpec, templates: np.ndarray, count: int, tag: str
-) -> tuple[np.ndarray, np.ndarray]:
-    rng = numpy_rng(spec.seed, tag)
-    labels = rng.integers(0, spec.num_classes, size=count, dtype=np.int64)
-    noise = rng.standard_normal((count, *templates.shape[1:]), dtype=np.float32)
-    images = templates[labels] + np.float32(spec.noise) * noise
-    return np.ascontiguousarray(images, dtype=np.float32), labels

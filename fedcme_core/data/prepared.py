@@ -1,7 +1,8 @@
 """Prepared datasets on disk, read back as numpy arrays (no torch).
 
-The prepare stage writes a dataset's verified uint8 arrays to ``data/prepared/<dataset>``: one
-byte-reproducible ``.npy`` per array and a ``meta.json`` with their sha256. Training builds tensors
+The prepare stage writes a dataset's verified arrays (images uint8 or float32 [N, C, H, W], labels
+int64) to ``data/prepared/<dataset>``: one byte-reproducible ``.npy`` per array and a ``meta.json``
+with their sha256 and, for a source that derives them, the dataset's facts and what it was read from. Training builds tensors
 from them (:func:`fedcme_core.data.datasets.load_prepared`); the partition stage needs only the
 training labels an experiment keeps (:func:`experiment_train_labels`), so it starts without torch.
 """
@@ -17,11 +18,15 @@ import numpy as np
 
 from fedcme_core.common.atomic import atomic_write_bytes
 from fedcme_core.common.seeding import derive_seed, numpy_rng
+from fedcme_core.data.catalog import SourceData, declared_facts
 from fedcme_core.data.sources import RAW_ARRAYS, DataError
 
 
-def save_prepared(name: str, arrays: dict[str, np.ndarray], directory: Path) -> dict[str, object]:
-    """Write a prepared dataset: one .npy per array (byte-reproducible) and meta.json with their sha256.
+def save_prepared(name: str, arrays: dict[str, np.ndarray], directory: Path,
+                  record: dict[str, object] | None = None) -> dict[str, object]:
+    """Write a prepared dataset: one .npy per array (byte-reproducible) and meta.json with their sha256,
+    plus `record`'s keys (a source that derives its facts records them, ``derived``, and what its arrays
+    were read from, ``source``: :func:`prepared_record`).
 
     Files are written atomically; meta.json last, so a folder with a meta.json is complete.
     """
@@ -34,7 +39,7 @@ def save_prepared(name: str, arrays: dict[str, np.ndarray], directory: Path) -> 
         payload = buffer.getvalue()
         atomic_write_bytes(directory / f"{key}.npy", payload)
         files[key] = {"sha256": hashlib.sha256(payload).hexdigest(), "shape": list(arrays[key].shape)}
-    meta = {"dataset": name, "format": "fedcme-prepared-v1", "arrays": files}
+    meta = {"dataset": name, "format": "fedcme-prepared-v1", "arrays": files, **(record or {})}
     atomic_write_bytes(directory / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     return meta
 
@@ -44,13 +49,8 @@ def read_prepared(directory: Path, expected_name: str | None = None,
     """The dataset name and the arrays `keys` of a folder written by :func:`save_prepared`, each
     verified against its sha256 (numpy arrays: no tensors are built)."""
     directory = Path(directory)
-    meta_path = directory / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        name = meta["dataset"]
-        records = meta["arrays"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise DataError(f"{meta_path}: not a prepared dataset ({type(error).__name__}: {error})") from None
+    meta = prepared_meta(directory)
+    name, records = meta["dataset"], meta["arrays"]
     if expected_name is not None and name != expected_name:
         raise DataError(f"{directory}: holds prepared {name!r}, but the config's data.dataset is {expected_name!r}")
     arrays = {}
@@ -65,6 +65,38 @@ def read_prepared(directory: Path, expected_name: str | None = None,
             raise DataError(f"{path}: sha256 {digest} does not match meta.json ({records[key]['sha256']}); re-run prepare")
         arrays[key] = np.load(io.BytesIO(payload), allow_pickle=False)
     return name, arrays
+
+
+def prepared_meta(directory: Path) -> dict:
+    """A prepared folder's meta.json (its dataset, its arrays' records, and a deriving source's
+    ``derived`` facts and ``source``); one DataError line when it is missing or not one."""
+    meta_path = Path(directory) / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if not isinstance(meta["dataset"], str) or not isinstance(meta["arrays"], dict):
+            raise TypeError("dataset or arrays of the wrong type")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DataError(f"{meta_path}: not a prepared dataset ({type(error).__name__}: {error})") from None
+    return meta
+
+
+def prepared_record(data: SourceData) -> dict[str, object] | None:
+    """What meta.json records beside the arrays of a source that derives its facts: ``derived`` (classes,
+    input shape, channel statistics) and ``source`` (the path its arrays were read from and its sha256);
+    None for a source that declares them (the official datasets' meta.json is as it always was)."""
+    if not data.derived:
+        return None
+    return {"derived": data.facts.to_json(), **({"source": data.origin} if data.origin is not None else {})}
+
+
+def prepared_facts(directory: Path) -> dict[str, object]:
+    """What training knows of a prepared dataset, as JSON: its classes, input shape and channel
+    statistics, recorded beside its arrays (a deriving source) or declared by its source (the
+    official datasets)."""
+    meta = prepared_meta(directory)
+    if "derived" in meta:
+        return meta["derived"]
+    return declared_facts(meta["dataset"], meta["arrays"]["x_train"]["shape"][1:]).to_json()
 
 
 def experiment_train_labels(directory: Path, expected_name: str, train: int | None, seed: int) -> np.ndarray:

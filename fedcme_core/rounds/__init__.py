@@ -1,7 +1,7 @@
 """The round of every algorithm, as steps over files in a run directory (SPEC.md, "FedCME round t").
 
 Rooms: ``store`` (the run directory's paths and states: every read, write, commit and garbage
-collection), ``run_record`` (what defines a run: config, layout and precision, partition),
+collection), ``state`` (the typed server state and the steps' results), ``run_record`` (what defines a run: config, layout and precision, partition),
 ``setup`` (dataset, partition, layout and precision, round 0, recovery), ``steps`` (the
 round's steps, thin), ``executors`` (where steps run) and ``loop`` (the one round loop).
 The names below are the package's public face.
@@ -26,6 +26,7 @@ from fedcme_core.rounds.setup import (
     run_partition,
     split_line,
 )
+from fedcme_core.rounds.state import Aggregate, Evaluation, PhaseResult, ServerState
 from fedcme_core.rounds.steps import (
     aggregate_step,
     commit_round,
@@ -44,15 +45,17 @@ from fedcme_core.rounds.store import (
     experiment_run_dir,
     last_intact_round,
     load_server_state,
+    server_state,
     shared_server_state,
 )
 
 __all__ = [
-    "Executor", "RecoveryWarning", "RunError", "RunPaths", "SerialExecutor", "aggregate_step", "available_cores",
+    "Aggregate", "Evaluation", "Executor", "PhaseResult", "RecoveryWarning", "ServerState", "RunError", "RunPaths", "SerialExecutor", "aggregate_step", "available_cores",
     "balanced_groups", "check_experiment_name", "commit_round", "completed_rounds", "evaluate_step",
     "exchange_step", "experiment_run_dir", "experiment_subset", "final_model", "largest_first",
     "last_intact_round", "load_experiment_dataset", "load_server_state", "make_partition", "match_step",
     "new_model", "prepare_run", "resolve_run_compute", "run_compute", "run_compute_choice",
-    "run_directory_matches", "run_experiment", "run_partition", "run_round", "select_step", "shared_server_state", "split_line",
+    "run_directory_matches", "run_experiment", "run_partition", "run_round", "select_step", "server_state",
+    "shared_server_state", "split_line",
     "torch_threads", "train_phase_step", "with_retries",
 ]

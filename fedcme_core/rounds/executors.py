@@ -14,9 +14,13 @@ from fedcme_core.server.faults import StepFailure
 
 
 class Executor(Protocol):
-    """Where the steps of a round run: in-process, or as orchestrator tasks."""
+    """Where the steps of a round run: in-process, or as orchestrator tasks. An executor runs the
+    `function` it is handed, whichever step it is (a new step needs no new executor code); `step`
+    only names it (an orchestrator's task name)."""
 
-    def call(self, step: str, function: Callable[..., Any], *args: Any) -> Any: ...
+    def call(self, step: str, function: Callable[..., Any], *args: Any) -> Any:
+        """function(*args), after the step before it; returns what the function returns."""
+        ...
 
     def map(
         self,

@@ -21,6 +21,7 @@ from fedcme_core.rounds import run_record, store
 from fedcme_core.rounds.device import release_resident
 from fedcme_core.rounds.executors import Executor, SerialExecutor, largest_first
 from fedcme_core.rounds.setup import prepare_run
+from fedcme_core.rounds.state import PhaseResult
 from fedcme_core.rounds.steps import (
     aggregate_step,
     commit_round,
@@ -34,17 +35,17 @@ from fedcme_core.rounds.steps import (
 
 
 def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, executor: Executor) -> dict[str, Any]:
-    """One global round of any algorithm (the only round loop body); returns its record."""
+    """One global round of any algorithm (the only round loop body); returns its record as stored."""
     run_dir = str(run_dir)
     algorithm = build_algorithm(config.algorithm)
     round_started = time.perf_counter()
-    timings: dict[str, float] = {}
+    timings: dict[str, list[float]] = {"phase": [], "exchange": [], "aggregate": [], "evaluate": []}
 
     def timed(name: str, action: Callable[[], Any]) -> Any:
-        """`action()`, its time added to `name`_seconds (several exchanges or later phases: summed)."""
+        """`action()`, its wall time appended to timings[`name`]."""
         started = time.perf_counter()
         result = action()
-        timings[f"{name}_seconds"] = timings.get(f"{name}_seconds", 0.0) + time.perf_counter() - started
+        timings[name].append(time.perf_counter() - started)
         return result
 
     selected = executor.call("select", select_step, config, round_index)
@@ -58,7 +59,7 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
     # submission to the workers' FIFO queue keeps the last tasks short (LPT scheduling).
     client_sizes = {client: len(indices) for client, indices in enumerate(run_record.run_partition_file(run_dir).clients)}
 
-    def train_phase(phase_index: int, starts: dict[int, str]) -> list[dict[str, Any]]:
+    def train_phase(phase_index: int, starts: dict[int, str]) -> list[PhaseResult]:
         """Train `training` for one phase; clients whose task still fails after retries leave the round."""
         order = largest_first(training, client_sizes)
         arguments = [(config, run_dir, round_index, client, phase_index, starts.get(client)) for client in order]
@@ -74,41 +75,46 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
                 finished.append(results[client])
         return finished
 
-    phase_summaries = [timed("phase1", lambda: train_phase(0, {}))]
+    phase_results = [timed("phase", lambda: train_phase(0, {}))]
     for phase_index in range(1, len(round_phases(algorithm, config.training.local_epochs))):
         # SPEC step 5 at each phase boundary: counterparts exchange; one whose partner is lost trains
         # on with its own model.
-        donors = surviving_donors({int(r): int(d) for r, d in matching["donors"].items()}, training)
+        donors = surviving_donors(dict(matching.donors), training)
         exchanged = timed("exchange", lambda: executor.call("exchange", exchange_step, config, run_dir, round_index, donors))
         starts = {client: later_phase_start(run_dir, round_index, client, exchanged) for client in training}
-        phase_summaries.append(timed("phase2", lambda: train_phase(phase_index, starts)))
-    summaries = [summary for phase in phase_summaries for summary in phase]
+        phase_results.append(timed("phase", lambda: train_phase(phase_index, starts)))
+    results = [result for phase in phase_results for result in phase]
     lost = {**{client: "dropped out (simulated availability)" for client in dropped}, **failed}
     aggregate = timed(
         "aggregate",
         lambda: executor.call("aggregate", aggregate_step, config, run_dir, round_index, training, lost, matching),
     )
-    metrics = timed("evaluate", lambda: executor.call("evaluate", evaluate_step, config, run_dir, round_index))
+    evaluation = timed("evaluate", lambda: executor.call("evaluate", evaluate_step, config, run_dir, round_index))
     record = RoundRecord(
         round=round_index,
         selected=[int(client) for client in selected],
-        algorithm=aggregate["algorithm_record"],  # the algorithm's own section (its matching, its uploads)
-        train_loss=aggregate["train_loss"],
-        **metrics,
-        client_train_seconds=float(sum(summary["seconds"] for summary in summaries)),
-        client_work_seconds=float(sum(summary["work_seconds"] for summary in summaries)),
+        algorithm=aggregate.record,  # the algorithm's own section (its matching, its uploads)
+        test_accuracy=evaluation.test_accuracy,
+        test_loss=evaluation.test_loss,
+        train_loss=aggregate.train_loss,
+        per_class_accuracy=evaluation.per_class_accuracy,
+        client_train_seconds=float(sum(result.seconds for result in results)),
+        client_work_seconds=float(sum(result.work_seconds for result in results)),
         critical_client_seconds=float(
-            sum(max((summary["work_seconds"] for summary in phase), default=0.0) for phase in phase_summaries)
+            sum(max((result.work_seconds for result in phase), default=0.0) for phase in phase_results)
         ),
-        samples_trained=int(sum(summary["samples"] for summary in summaries)),
-        aggregated_clients=aggregate["clients"],
+        samples_trained=int(sum(result.samples for result in results)),
+        aggregated_clients=aggregate.clients,
         dropped_clients=len(dropped),
         failed_clients=len(failed),
-        rejected_clients=len(aggregate["rejected"]),
-        failures={**failed, **aggregate["rejected"]},
-        **timings,
+        rejected_clients=len(aggregate.rejected),
+        failures={**failed, **aggregate.rejected},
+        phase_seconds=timings["phase"],
+        aggregate_seconds=timings["aggregate"][0],
+        evaluate_seconds=timings["evaluate"][0],
+        exchange_seconds=sum(timings["exchange"]) if timings["exchange"] else None,
         round_seconds=time.perf_counter() - round_started,
-    ).to_dict()
+    )
     return executor.call("commit", commit_round, config, run_dir, round_index, record)
 
 

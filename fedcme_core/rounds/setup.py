@@ -26,6 +26,7 @@ from fedcme_core.data.partition_file import Partition, load_partition, make_part
 from fedcme_core.common.seeding import derive_seed
 from fedcme_core.client.training import FP32, training_step
 from fedcme_core.rounds import run_record, store
+from fedcme_core.rounds.state import ServerState
 from fedcme_core.rounds.store import RunError, RunPaths
 
 
@@ -43,6 +44,7 @@ def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
         dataset = data_module.load_dataset(
             data_config.dataset,
             data_dir=Path(data_config.data_dir),
+            path=data_config.path,
             mirror=resolve_mirror(data_config.mirror),
             synthetic=data_module.SyntheticSpec(
                 num_train=synthetic.num_train,
@@ -66,7 +68,7 @@ def run_partition(config: ExperimentConfig, run_dir: str | Path) -> tuple[Partit
 def new_model(config: ExperimentConfig, num_classes: int, device: torch.device | None = None,
               compute: Compute = FP32) -> SplitModel:
     model = build_model(config.model.name, num_classes, config.projection_dim, seed=derive_seed(config.seed, "init"),
-                        classifier_layers=config.model.classifier_layers)
+                        classifier_layers=config.model.classifier_layers, input_shape=config.input_shape)
     return compute.model(model.to(device if device is not None else resolve_device(config.device)))
 
 
@@ -154,7 +156,8 @@ def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: s
     if store.completed_rounds(paths.root) == 0 and not paths.server_state(0).exists():
         model_state = new_model(config, dataset.num_classes, torch.device("cpu")).state_dict()
         algorithm = build_algorithm(config.algorithm)
-        store.write_initial_server_state(run_dir, model_state, algorithm.initial_server_state(model_state))
+        store.write_initial_server_state(run_dir, ServerState(round=0, model=model_state, client_state_rounds={},
+                                                              algorithm=algorithm.server_init(model_state), history=()))
     return store.completed_rounds(paths.root)
 
 

@@ -1,6 +1,7 @@
 """The steps of one global round (SPEC.md, "FedCME round t"), each a thin function of
 (config, run directory, round, client) that reads and writes through the run store and
-returns small plain data, so any executor can run it on any worker.
+returns a small typed result (:mod:`fedcme_core.rounds.state`: frozen dataclasses, picklable),
+so any executor can run it on any worker.
 
     select -> match -> phase 1 (local training; an exchanging algorithm stops at floor(E/2)
            and writes swap checkpoints) -> exchange (barrier) -> phase 2 -> upload (step 7)
@@ -13,8 +14,8 @@ What differs between algorithms is asked of the algorithm's hooks (``fedcme_core
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 
 from fedcme_core.server.aggregation import select_clients, weighted_average
 from fedcme_core.algorithms import ClientContext, Matching, Upload, build_algorithm, round_phases
+from fedcme_core.results.records import RoundRecord
 from fedcme_core.data.augment import augmentation
 from fedcme_core.common.checkpoints import CheckpointError
 from fedcme_core.config.schema import ExperimentConfig
@@ -34,6 +36,7 @@ from fedcme_core.client.training import load_local_run, save_local_run, start_lo
 from fedcme_core.rounds import run_record, store
 from fedcme_core.rounds.device import client_data, worker_stream
 from fedcme_core.rounds.setup import available_cores, load_experiment_dataset, new_model, run_compute, run_partition
+from fedcme_core.rounds.state import Aggregate, Evaluation, PhaseResult, ServerState
 from fedcme_core.rounds.store import RunError, RunPaths
 
 
@@ -43,27 +46,23 @@ def select_step(config: ExperimentConfig, round_index: int) -> list[int]:
     return select_clients(federation.num_clients, federation.clients_per_round, seed=config.seed, round_index=round_index)
 
 
-def match_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, selected: list[int]) -> dict[str, Any]:
+def match_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, selected: list[int]) -> Matching:
     """SPEC step 2 (Algorithm 1, line 8: MakeMatching): pairs and receiver -> donor."""
-    state = store.shared_server_state(run_dir, round_index)
-    matching = build_algorithm(config.algorithm).match(selected, state["algorithm"], seed=config.seed,
-                                                       round_index=round_index)
-    return {
-        "pairs": [[int(a), int(b)] for a, b in matching.pairs],
-        "donors": {int(receiver): int(donor) for receiver, donor in matching.donors.items()},
-    }
+    algorithm = build_algorithm(config.algorithm)
+    state = store.server_state(run_dir, round_index, algorithm.state_class)
+    return algorithm.match(selected, state.algorithm, seed=config.seed, round_index=round_index).plain()
 
 
-def client_context(config: ExperimentConfig, run_dir: str | Path, state: dict[str, Any], round_index: int,
+def client_context(config: ExperimentConfig, run_dir: str | Path, state: ServerState, round_index: int,
                    client_id: int, counts: np.ndarray) -> ClientContext:
     """SPEC step 3: what the server sends client k (w^t, the algorithm's state) and what was kept for it."""
     return ClientContext(
         client_id=client_id,
         round_index=round_index,
         class_counts=counts[client_id],
-        global_state=state["model"],
-        server=state["algorithm"],
-        client_state=store.load_client_state(run_dir, client_id, state["client_state_rounds"].get(client_id)),
+        global_state=state.model,
+        server=state.algorithm,
+        client_state=store.load_client_state(run_dir, client_id, state.client_state_rounds.get(client_id)),
         seed=config.seed,
         learning_rate=config.training.lr,
     )
@@ -76,18 +75,18 @@ def train_phase_step(
     client_id: int,
     phase_index: int,
     start_checkpoint: str | None = None,
-) -> dict[str, Any]:
+) -> PhaseResult:
     """SPEC steps 4, 6, 7: one client's local phase; the last phase also writes the upload.
 
     Phase 0 starts from the global model w^t; a later phase resumes `start_checkpoint`
-    (the swap checkpoint, or its exchanged version). Returns small plain data.
+    (the swap checkpoint, or its exchanged version).
     """
     paths = RunPaths(run_dir)
     algorithm = build_algorithm(config.algorithm)
     compute = run_compute(run_dir)
     dataset = load_experiment_dataset(config.data, config.seed)
     partition, counts = run_partition(config, run_dir)
-    state = store.shared_server_state(run_dir, round_index)
+    state = store.server_state(run_dir, round_index, algorithm.state_class)
     device = run_record.run_device(config, run_dir)  # the run's, resolved once: a round never mixes devices
     configure_device(device, compute.precision)  # this process's flags (a Dask worker's included)
     # Once per client and phase, so that every batch is gathered in the run's layout.
@@ -97,7 +96,7 @@ def train_phase_step(
     phases = round_phases(algorithm, config.training.local_epochs)
     first_epoch, last_epoch = phases[phase_index]
     if phase_index == 0:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(state.model)
         run = start_local_run(model, config.training, torch_generator(config.seed, "train", round_index, client_id))
     else:
         if start_checkpoint is None:
@@ -113,17 +112,17 @@ def train_phase_step(
         train_epochs(run, inputs, labels, hooks, last_epoch - first_epoch, config.training.batch_size, compute,
                      augmentation(config.augmentation))
     seconds = time.perf_counter() - started
-    summary = {"client": client_id, "phase": phase_index, "seconds": seconds, "work_seconds": seconds,
-               "samples": int(labels.shape[0]) * (last_epoch - first_epoch), "loss": run.epoch_losses[-1]}
+    result = PhaseResult(client=client_id, phase=phase_index, seconds=seconds, work_seconds=seconds,
+                         samples=int(labels.shape[0]) * (last_epoch - first_epoch), loss=run.epoch_losses[-1])
     if phase_index < len(phases) - 1:
         save_local_run(run, paths.swap_checkpoint(round_index, client_id), client=client_id, round=round_index)
-        return summary
+        return result
 
     model_state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
     started = time.perf_counter()
     with worker_stream(device):
-        report = algorithm.client_report(model, inputs, labels, context, hooks)
-    summary["work_seconds"] += time.perf_counter() - started
+        report = algorithm.client_update(model, inputs, labels, context, hooks)
+    result = dataclasses.replace(result, work_seconds=seconds + time.perf_counter() - started)
     kept = algorithm.client_state(model_state, report, context)
     if kept is not None:
         store.save_client_state(run_dir, client_id, round_index, kept)
@@ -131,7 +130,7 @@ def train_phase_step(
         "client": client_id, "round": round_index, "num_samples": int(labels.shape[0]), "model": model_state,
         "epoch_losses": list(run.epoch_losses), "report": report, "keeps_state": kept is not None,
     })
-    return summary
+    return result
 
 
 def exchange_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, donors: dict[int, int]) -> dict[int, str]:
@@ -169,41 +168,35 @@ def usable_uploads(config: ExperimentConfig, run_dir: str | Path, round_index: i
 
 
 def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, clients: list[int],
-                   lost: dict[int, str] | None = None, matching: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   lost: dict[int, str] | None = None, matching: Matching | None = None) -> Aggregate:
     """SPEC step 8: w^{t+1} (weighted by D_k) and the algorithm's server state, held for commit.
 
     Updates with non-finite values or a diverged loss are rejected first; `lost` (client ->
     reason) names the clients that dropped out or failed, for the error when too few remain.
-    `matching` is the round's (what :func:`match_step` returned), for the algorithm's section of the
-    round's record (``algorithm_record``).
+    `matching` is the round's (:func:`match_step`'s; None: nobody matched), for the algorithm's
+    section of the round's record.
     """
     algorithm = build_algorithm(config.algorithm)
-    state = store.shared_server_state(run_dir, round_index)  # read-only: aggregate_state returns new state
+    state = store.server_state(run_dir, round_index, algorithm.state_class)  # read-only: server_update makes new state
     files, rejected = usable_uploads(config, run_dir, round_index, clients)
     require_enough_clients(round_index, len(files), config.federation.min_clients, {**(lost or {}), **rejected})
     uploads = [Upload(int(f["client"]), int(f["num_samples"]), f["model"], f["report"]) for f in files]
     weights = [float(upload.num_samples) for upload in uploads]
-    client_state_rounds = dict(state["client_state_rounds"])
+    client_state_rounds = dict(state.client_state_rounds)
     client_state_rounds.update({int(f["client"]): round_index for f in files if f["keeps_state"]})
-    store.hold_aggregate(run_dir, round_index, {
-        "model": weighted_average([upload.model for upload in uploads], weights),
-        "algorithm": algorithm.aggregate_state(state["algorithm"], uploads, config.federation.num_clients),
-        "client_state_rounds": client_state_rounds,
-    })
+    store.hold_aggregate(run_dir, round_index, ServerState(
+        round=round_index + 1,
+        model=weighted_average([upload.model for upload in uploads], weights),
+        algorithm=algorithm.server_update(state.algorithm, uploads, config.federation.num_clients),
+        client_state_rounds=client_state_rounds,
+        history=state.history,
+    ))
     train_loss = float(np.average([f["epoch_losses"][-1] for f in files], weights=weights))
-    return {"train_loss": train_loss, "clients": len(uploads), "rejected": rejected,
-            "algorithm_record": algorithm.round_record(matching_of(matching), uploads)}
+    return Aggregate(train_loss=train_loss, clients=len(uploads), rejected=rejected,
+                     record=algorithm.server_record(matching or Matching(), uploads))
 
 
-def matching_of(matching: Mapping[str, Any] | None) -> Matching:
-    """A :class:`Matching` from :func:`match_step`'s plain form (None: nobody matched)."""
-    if matching is None:
-        return Matching()
-    return Matching(pairs=[(int(a), int(b)) for a, b in matching["pairs"]],
-                    donors={int(receiver): int(donor) for receiver, donor in matching["donors"].items()})
-
-
-def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int) -> dict[str, Any]:
+def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int) -> Evaluation:
     """Test-set accuracy and loss of the aggregated global model w^{t+1}.
 
     The round's clients have finished, so the evaluation takes every core of its machine, a batch
@@ -214,13 +207,15 @@ def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: in
     device = run_record.run_device(config, run_dir)
     configure_device(device, compute.precision)
     model = new_model(config, dataset.num_classes, device, compute)
-    model.load_state_dict(store.held_aggregate(run_dir, round_index)["model"])
+    model.load_state_dict(store.held_aggregate(run_dir, round_index).model)
     result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes, workers=available_cores())
-    return {"test_accuracy": result.accuracy, "test_loss": result.loss,
-            "per_class_accuracy": [float(value) for value in result.per_class_accuracy]}
+    return Evaluation(test_accuracy=result.accuracy, test_loss=result.loss,
+                      per_class_accuracy=[float(value) for value in result.per_class_accuracy])
 
 
-def commit_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, record: dict[str, Any]) -> dict[str, Any]:
-    """Make round t visible (the atomic rename of the next server state); returns the record."""
-    store.commit_server_state(run_dir, round_index, record, config.runner.keep_round_files)
-    return record
+def commit_round(config: ExperimentConfig, run_dir: str | Path, round_index: int,
+                 record: RoundRecord) -> dict[str, Any]:
+    """Make round t visible (the atomic rename of the next server state); returns the record as stored."""
+    stored = record.to_dict()
+    store.commit_server_state(run_dir, round_index, stored, config.runner.keep_round_files)
+    return stored

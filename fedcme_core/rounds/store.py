@@ -9,19 +9,23 @@ garbage collection of its states (what defines the run, config, compute and part
     <run>/rounds/XXXX/client-*-*.pt     a round's swap, exchanged and upload checkpoints
     <run>/clients/client-K-round-R.pt   what the algorithm keeps for client K since round R
 
-A server state is {round, model (w^t), algorithm (the algorithm's own state), client_state_rounds
-(client -> the round of its kept state), history (the round records)}. A round becomes visible
-when :func:`commit_server_state` renames the next server state into place; the pending
-aggregate between the aggregate and commit steps lives in this process's memory only (a crash
-before the rename redoes the round from its uploads).
+A server state is a :class:`~fedcme_core.rounds.state.ServerState` in the round (read by
+:func:`server_state`), stored as {round, model (w^t), algorithm (the algorithm's own state),
+client_state_rounds (client -> the round of its kept state), history (the round records)}, the plain
+form that :func:`load_server_state` returns to readers outside the round (sync, the report). A round
+becomes visible when :func:`commit_server_state` renames the next server state into place; the
+pending aggregate between the aggregate and commit steps lives in this process's memory only (a
+crash before the rename redoes the round from its uploads).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +36,8 @@ from fedcme_core.common.errors import RunError as RunError  # the run's errors a
 from fedcme_core.common.errors import StorageError, storage_message
 from fedcme_core.common.run_lock import check_experiment_name as check_experiment_name
 from fedcme_core.common.run_lock import experiment_run_dir as experiment_run_dir
+from fedcme_core.algorithms import AlgorithmState
+from fedcme_core.rounds.state import ServerState
 
 
 class RecoveryWarning(UserWarning):
@@ -138,25 +144,14 @@ def quarantine(path: Path) -> Path:
         return target
 
 
-LEGACY_ALGORITHM_KEYS = ("global_features", "evaluation_vectors")
-
-
-def _upgraded(state: dict[str, Any]) -> dict[str, Any]:
-    """A server state in the current form; one written before the algorithms kept their own
-    server state (FedCME's keys at the top level) is read as the same state."""
-    if "algorithm" in state:
-        return state
-    return {**{key: value for key, value in state.items() if key not in LEGACY_ALGORITHM_KEYS},
-            "algorithm": {key: state[key] for key in LEGACY_ALGORITHM_KEYS if key in state}}
-
-
 def load_server_state(run_dir: str | Path, round_index: int) -> dict[str, Any]:
-    return _upgraded(load_checkpoint(RunPaths(run_dir).server_state(round_index)))
+    """The server state of round t as stored (plain data), for a reader outside the round."""
+    return load_checkpoint(RunPaths(run_dir).server_state(round_index))
 
 
 def shared_server_state(run_dir: str | Path, round_index: int) -> dict[str, Any]:
-    """The server state of round t, read once per process for all its clients' tasks (read-only:
-    the same dict is handed to every caller until the file changes)."""
+    """The server state of round t as stored, read once per process for all its clients' tasks
+    (read-only: the same dict is handed to every caller until the file changes)."""
     path = RunPaths(run_dir).server_state(round_index)
     file_status = path.stat()
     return _cached_server_state(str(path), file_status.st_mtime_ns, file_status.st_size)
@@ -164,37 +159,45 @@ def shared_server_state(run_dir: str | Path, round_index: int) -> dict[str, Any]
 
 @functools.lru_cache(maxsize=1)
 def _cached_server_state(path: str, modified_ns: int, size: int) -> dict[str, Any]:
-    return _upgraded(load_checkpoint(Path(path)))
+    return load_checkpoint(Path(path))
 
 
-def write_initial_server_state(run_dir: str | Path, model_state, algorithm_state: dict[str, Any]) -> None:
-    save_checkpoint({"round": 0, "model": model_state, "algorithm": algorithm_state, "client_state_rounds": {},
-                     "history": []}, RunPaths(run_dir).server_state(0))
+def server_state(run_dir: str | Path, round_index: int, state_class: type[AlgorithmState]) -> ServerState:
+    """The server state of round t, typed (its algorithm part read as `state_class`), from the
+    process's shared copy (:func:`shared_server_state`)."""
+    return ServerState.from_dict(shared_server_state(run_dir, round_index), state_class)
+
+
+def write_initial_server_state(run_dir: str | Path, state: ServerState) -> None:
+    save_checkpoint(state.to_dict(), RunPaths(run_dir).server_state(0))
 
 
 # ----------------------------------------------------------------- the pending aggregate
-_PENDING: dict[tuple[str, int], dict[str, Any]] = {}
+_PENDING: dict[tuple[str, int], ServerState] = {}
 
 
-def hold_aggregate(run_dir: str | Path, round_index: int, pending: dict[str, Any]) -> None:
-    """Keep round t's aggregate (model, algorithm state, client_state_rounds) for evaluate and commit."""
+def hold_aggregate(run_dir: str | Path, round_index: int, pending: ServerState) -> None:
+    """Keep round t's aggregate (the server state of round t+1 without round t's record) for
+    evaluate and commit."""
     _PENDING[(str(Path(run_dir)), round_index)] = pending
 
 
-def held_aggregate(run_dir: str | Path, round_index: int) -> dict[str, Any]:
+def held_aggregate(run_dir: str | Path, round_index: int) -> ServerState:
     try:
         return _PENDING[(str(Path(run_dir)), round_index)]
     except KeyError:
         raise RunError(f"{run_dir}: round {round_index} has no aggregate in this process (run the aggregate step)") from None
 
 
-def commit_server_state(run_dir: str | Path, round_index: int, record: dict[str, Any], keep_round_files: bool) -> None:
-    """Make round t visible: write the server state of round t+1 atomically, then drop what it supersedes."""
+def commit_server_state(run_dir: str | Path, round_index: int, record: Mapping[str, Any],
+                        keep_round_files: bool) -> None:
+    """Make round t visible: write the server state of round t+1, its history ending with `record`
+    (the round's record as stored), atomically; then drop what it supersedes."""
     paths = RunPaths(run_dir)
     previous = shared_server_state(run_dir, round_index)  # read once per process and round (its clients read it)
     pending = held_aggregate(run_dir, round_index)
-    save_checkpoint({"round": round_index + 1, **pending, "history": [*previous["history"], record]},
-                    paths.server_state(round_index + 1))
+    committed = dataclasses.replace(pending, history=(*pending.history, record))
+    save_checkpoint(committed.to_dict(), paths.server_state(round_index + 1))
     _PENDING.pop((str(Path(run_dir)), round_index), None)
     # Keep the states of rounds t and t+1 (the fallback if t+1 is found corrupted) and the
     # client states they refer to; older ones are superseded.
@@ -205,8 +208,8 @@ def commit_server_state(run_dir: str | Path, round_index: int, record: dict[str,
         shutil.rmtree(paths.round_dir(round_index), ignore_errors=True)
     referenced = {
         paths.client_state(client, state_round)
-        for state in (previous, pending)
-        for client, state_round in state["client_state_rounds"].items()
+        for rounds in (previous["client_state_rounds"], pending.client_state_rounds)
+        for client, state_round in rounds.items()
     }
     for stored in paths.client_state(0, 0).parent.glob("client-*-round-*.pt"):
         if stored not in referenced:

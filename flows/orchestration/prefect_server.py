@@ -32,6 +32,10 @@ from flows.common.shared_stores import FirstUse, sqlite_file
 # Prefect's SubprocessASGIServer: the server app without UI and with ephemeral-mode services.
 SERVER_ENVIRONMENT = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
 
+# The API URL of a temporary server this command started, for its child processes (a `dvc repro`'s
+# stages, Dask workers): they inherit PREFECT_API_URL, and this says the server dies with the command.
+TEMPORARY_API_ENV = "FEDCME_TEMPORARY_PREFECT_API_URL"
+
 T = TypeVar("T")
 _running: list[TemporaryServer] = []  # the server of the active `temporary_prefect_server` block
 
@@ -133,8 +137,8 @@ def temporary_prefect_server() -> Iterator[TemporaryServer | None]:
         yield None
         return
     server = TemporaryServer()
-    previous_url = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = server.api_url
+    previous = {name: os.environ.get(name) for name in ("PREFECT_API_URL", TEMPORARY_API_ENV)}
+    os.environ["PREFECT_API_URL"] = os.environ[TEMPORARY_API_ENV] = server.api_url
     _running.append(server)
     try:
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
@@ -149,10 +153,11 @@ def temporary_prefect_server() -> Iterator[TemporaryServer | None]:
     finally:
         _running.remove(server)
         server.stop()
-        if previous_url is None:
-            os.environ.pop("PREFECT_API_URL", None)
-        else:
-            os.environ["PREFECT_API_URL"] = previous_url
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run_against_prefect(action: Callable[[Callable[[], None]], T], purpose: str) -> T:
@@ -174,8 +179,11 @@ def run_against_prefect(action: Callable[[Callable[[], None]], T], purpose: str)
 
 
 def is_temporary(api_url: str | None) -> bool:
-    """True for no API URL (Prefect starts its own temporary server) and for ours."""
-    return not api_url or any(server.api_url == api_url for server in _running)
+    """True for no API URL (Prefect starts its own temporary server), for ours, and for the one the
+    command that started this process runs (``$FEDCME_TEMPORARY_PREFECT_API_URL``: a stage of
+    ``flows.pipeline.repro``'s grid): each stops with the command that started it."""
+    return (not api_url or any(server.api_url == api_url for server in _running)
+            or api_url == os.environ.get(TEMPORARY_API_ENV))
 
 
 def drain_prefect_workers() -> None:

@@ -4,7 +4,8 @@ MLflow run is opened (:func:`check_run`, called with the run directory held).
 - The run directory's state: a different config is refused; a damaged latest server state is moved
   aside (``round-XXXX.pt.corrupt-<UTC time>``) with a warning, and when no kept state is intact the
   run stops, naming the files (``fedcme_core.rounds.store.last_intact_round``); a damaged
-  ``compute.json`` is named.
+  ``compute.json`` is named, and so is a resume on another device than the run trained on
+  (``fedcme_core.rounds.run_record.device_change``), unless the change is allowed.
 - The partition the run will use (the run directory's, else ``--partition``): readable, its
   content hash intact, made for this dataset and this number of clients.
 - Writable folders: a read-only or refused runs folder is one line naming it and the errno.
@@ -26,19 +27,24 @@ from pathlib import Path
 
 import torch
 
+from fedcme_core.client.models import resolve_device
 from fedcme_core.common.errors import StorageError, storage_message
 from fedcme_core.config.schema import ExperimentConfig
 from fedcme_core.rounds import RunError, RunPaths, last_intact_round, load_experiment_dataset, new_model
-from fedcme_core.rounds.run_record import run_compute_choice, run_directory_matches
+from fedcme_core.rounds.run_record import device_change, run_compute_choice, run_directory_matches
 from fedcme_core.rounds.setup import checked_partition
 
 MEGABYTE = 1024 * 1024
 
 
-def check_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None) -> None:
+def check_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None,
+              allow_device_change: bool = False) -> str | None:
     """Check everything `run_dir` and `partition_file` can tell before training (the module's list);
-    raises the one-line error of the first problem found."""
+    raises the one-line error of the first problem found. Returns the line naming a device change that
+    `allow_device_change` lets through (the caller then records the new device's layout and precision,
+    :func:`fedcme_core.rounds.prepare_run`), else None."""
     paths = RunPaths(run_dir)
+    change = None
     check_writable(paths.root if paths.root.is_dir() else nearest_folder(paths.root))
     if paths.root.is_dir():
         if not run_directory_matches(config, paths.root):
@@ -48,9 +54,11 @@ def check_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str
             check_writable(paths.root / "server")
         if paths.compute.exists():
             run_compute_choice(paths.root)
+            change = device_change(paths.root, resolve_device(config.device), allow_device_change)
     dataset = load_experiment_dataset(config.data, config.seed)
     checked_partition(config, paths.root, partition_file, dataset.y_train.numpy())
     warn_if_short_of_space(paths.root, footprint(config, dataset.num_classes, len(dataset.y_train)))
+    return change
 
 
 def nearest_folder(path: Path) -> Path:

@@ -1,66 +1,49 @@
-"""Prefect tasks: thin wrappers over the round steps of ``fedcme_core.rounds``.
+"""Prefect tasks made from the core's round steps: any step function of ``fedcme_core.rounds`` becomes
+a task by :func:`step_task`, so a new step in the core needs no code here.
 
-Every task takes the (frozen, picklable) config, the run directory and small plain data,
-and returns small plain data; models travel as checkpoint files in the run directory, so a
-task can run in a thread, in a Dask worker process or on another machine sharing the run
-directory. Inputs are never hashed (``cache_policy=NONE``: they are configs and paths whose
-files change underneath) and results are not persisted (the run directory is the record).
-The graph's edges are the round's order, given as ``wait_for``: each step waits for the one
-before it, the exchange for every first-phase client (the swap barrier) and every second-phase
-client for the exchange. Every argument and every result goes in a :class:`Sealed`, which
-Prefect neither walks nor draws. Its own lineage links an input to any earlier result holding
-the same object, found by ``id()``: plain data shares interned objects across rounds (the key
-"pairs" of every record), and a plain dict or list result is kept by ``id()`` alone, so a freed
-result's recycled address linked a later task to it (round 2's second phase was drawn from
-``evaluate r1``). A sealed result is weak-referenceable, so Prefect checks the object is still the
-same one (PrefectHQ/prefect#20558). (Prefect's own ``quote`` does this for arguments on threads,
-but reaches a Dask worker as a plain tuple.)
-Task runs are named by step, round (1-based), client and phase (`local-train r3 c17 p1`).
-Local training is one task per client per phase by default (``runner.client_tasks: client``: 2M
-tasks a round, each client its own line in the UI), or one task per worker per phase (``worker``:
-the phase's clients packed by size into near-equal groups, 2 x workers tasks a round).
+Every step takes the (frozen, picklable) config, the run directory and small data, and returns small
+data (whatever the step returns: this module never looks inside); models travel as checkpoint files
+in the run directory, so a task can run in a thread, in a Dask worker process or on another machine
+sharing the run directory. Inputs are never hashed (``cache_policy=NONE``: they are configs and paths
+whose files change underneath) and results are not persisted (the run directory is the record).
+The graph's edges are the round's order, given as ``wait_for``: each step waits for the one before
+it, the exchange for every first-phase client (the swap barrier) and every second-phase client for
+the exchange. Every argument and every result goes in a :class:`Sealed`, which Prefect neither walks
+nor draws. Its own lineage links an input to any earlier result holding the same object, found by
+``id()``: plain data shares interned objects across rounds (the key "pairs" of every record), and a
+plain dict or list result is kept by ``id()`` alone, so a freed result's recycled address linked a
+later task to it (round 2's second phase was drawn from ``evaluate r1``). A sealed result is
+weak-referenceable, so Prefect checks the object is still the same one (PrefectHQ/prefect#20558).
+(Prefect's own ``quote`` does this for arguments on threads, but reaches a Dask worker as a plain tuple.)
+
+Task runs are named by step, round (1-based), client and phase (`local-train r3 c17 p1`), read from
+the step function's own parameters (``round_index``, ``client_id``, ``phase_index``). The steps a round
+maps over its clients (local training) are one task per call by default (``runner.client_tasks:
+client``: each client its own line in the UI), or one task per worker (``worker``: the calls packed by
+cost into near-equal groups, `local-train-group r1 p1 c3,5`).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import NONE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedcme_core import rounds
 from fedcme_core.common.errors import machine_error
-from fedcme_core.config.schema import ExperimentConfig, RunnerConfig
+from fedcme_core.config.schema import RunnerConfig
 from fedcme_core.server.faults import StepFailure
 
 TASK_OPTIONS = {"cache_policy": NONE, "persist_result": False}
-
-
-def run_name(step: str) -> Callable[[], str]:
-    """The task-run name: the step, its round as the console counts it (1-based), and for local
-    training the client and phase, e.g. ``local-train r3 c17 p1``, so a slow client is found in the UI."""
-
-    def name() -> str:
-        from prefect.runtime import task_run
-
-        parameters = {key: unsealed(value) for key, value in task_run.parameters.items()}
-        if "steps" in parameters:  # one task per worker: (run_dir, round, client, phase, start) each
-            steps = parameters["steps"]
-            clients = ",".join(str(client) for _, _, client, _, _ in steps)
-            return f"{step} r{steps[0][1] + 1} p{steps[0][3] + 1} c{clients}" if steps else step
-        parts = [step]
-        if "round_index" in parameters:
-            parts.append(f"r{parameters['round_index'] + 1}")
-        if "client_id" in parameters:
-            parts += [f"c{parameters['client_id']}", f"p{parameters['phase_index'] + 1}"]
-        return " ".join(parts)
-
-    return name
+# A step's task name where it is not the step's own (the UI has always called local training so).
+TASK_NAMES = {"train_phase": "local-train"}
 
 
 class Sealed:
@@ -77,18 +60,95 @@ def unsealed(value: Any) -> Any:
     return value.value if isinstance(value, Sealed) else value
 
 
-def step_task(step: str):
-    """@task with the project's options and the step's run name, over a function that unwraps its
-    sealed arguments and seals its result."""
+def sealed(arguments: Sequence[Any]) -> list[Sealed]:
+    return [Sealed(argument) for argument in arguments]
 
-    def decorate(function: Callable[..., Any]):
-        @functools.wraps(function)
-        def step_function(*args: Any, **kwargs: Any) -> Any:
-            return Sealed(function(*map(unsealed, args), **{key: unsealed(value) for key, value in kwargs.items()}))
 
-        return task(name=step, task_run_name=run_name(step), **TASK_OPTIONS)(step_function)
+def task_name(step: str) -> str:
+    """The task's name in the UI: `train_phase` -> `local-train`; any other step by its own name."""
+    return TASK_NAMES.get(step, step)
 
-    return decorate
+
+def run_label(name: str, arguments: Mapping[str, Any]) -> str:
+    """`local-train r3 c17 p1`, `select r1`, `prepare`: the task name, then the round as the console
+    counts it (1-based), then client and phase, for those of `arguments` (a step's, by parameter name)."""
+    parts = [name]
+    if "round_index" in arguments:
+        parts.append(f"r{arguments['round_index'] + 1}")
+    if "client_id" in arguments:
+        parts.append(f"c{arguments['client_id']}")
+        if "phase_index" in arguments:
+            parts.append(f"p{arguments['phase_index'] + 1}")
+    return " ".join(parts)
+
+
+def group_label(name: str, calls: Sequence[Mapping[str, Any]]) -> str:
+    """`local-train-group r1 p1 c3,5`: a group task's name, round, phase and clients (its calls' arguments)."""
+    if not calls:
+        return name
+    first = calls[0]
+    where = [f"r{first['round_index'] + 1}"] if "round_index" in first else []
+    where += [f"p{first['phase_index'] + 1}"] if "phase_index" in first else []
+    clients = ",".join(str(call["client_id"]) for call in calls if "client_id" in call)
+    return " ".join([name, *where, *([f"c{clients}"] if clients else [])])
+
+
+def call_arguments(function: Callable[..., Any], args: Sequence[Any]) -> dict[str, Any]:
+    """`function`'s parameters named: {"round_index": 2, ...} for the positional `args`."""
+    return dict(inspect.signature(function).bind_partial(*args).arguments)
+
+
+def step_name(function: Callable[..., Any]) -> str:
+    """A step function's name (a callable object's: its class's)."""
+    return getattr(function, "__name__", type(function).__name__)
+
+
+def _run_name(name: str, function: Callable[..., Any] | None = None) -> Callable[[], str]:
+    """The task-run name, read from the running task's parameters (a group's from its calls: `function`'s)."""
+
+    def run_name() -> str:
+        from prefect.runtime import task_run
+
+        parameters = {key: unsealed(value) for key, value in task_run.parameters.items()}
+        if function is not None:
+            return group_label(name, [call_arguments(function, args) for args in parameters["calls"]])
+        return run_label(name, parameters)
+
+    return run_name
+
+
+@functools.lru_cache(maxsize=None)
+def step_task(step: str, function: Callable[..., Any], torch_threads: int | None = None) -> Task:
+    """The Prefect task of the core step `function` (built once per process): its parameters are the
+    step's own, sealed on the way in and out (:class:`Sealed`), its name :func:`task_name` (`step`),
+    its runs named by :func:`run_label`. `torch_threads`: the intra-op threads the task trains on (a
+    client's task, on a Dask worker too); None leaves the process's count be."""
+
+    def run_step(*args: Any, **kwargs: Any) -> Sealed:
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+        return Sealed(function(*map(unsealed, args), **{key: unsealed(value) for key, value in kwargs.items()}))
+
+    # The step's name and parameters, for Prefect (its task key, its runs' parameters), in this module: a
+    # task sent to a Dask worker is pickled by value, as this function, not looked up as the step it runs.
+    run_step.__name__ = run_step.__qualname__ = step_name(function)
+    run_step.__doc__, run_step.__signature__ = function.__doc__, inspect.signature(function)
+    name = task_name(step)
+    return task(name=name, task_run_name=_run_name(name), **TASK_OPTIONS)(run_step)
+
+
+@functools.lru_cache(maxsize=None)
+def group_task(step: str, function: Callable[..., Any], torch_threads: int) -> Task:
+    """One task running several calls of the core step `function` one after another (`<name>-group`):
+    each call is retried on its own, and one that still fails gives a StepFailure in its place."""
+
+    def run_group(calls: Any, retries: Any) -> Sealed:  # both sealed: a list of args tuples, an int
+        torch.set_num_threads(torch_threads)
+        return Sealed([rounds.with_retries(function, args, unsealed(retries)) for args in unsealed(calls)])
+
+    run_group.__name__ = run_group.__qualname__ = f"{step_name(function)}_group"
+    name = f"{task_name(step)}-group"
+    return task(name=name, task_run_name=_run_name(name, function), **TASK_OPTIONS)(run_group)
 
 
 def worker_layout(runner: RunnerConfig) -> tuple[int, int]:
@@ -99,83 +159,10 @@ def worker_layout(runner: RunnerConfig) -> tuple[int, int]:
     return workers, threads
 
 
-@step_task("prepare")
-def prepare_task(config: ExperimentConfig, run_dir: str, partition_file: str | None) -> int:
-    """Create or reopen the run directory; returns the number of rounds already completed."""
-    return rounds.prepare_run(config, run_dir, partition_file)
-
-
-@step_task("select")
-def select_task(config: ExperimentConfig, round_index: int) -> list[int]:
-    return rounds.select_step(config, round_index)
-
-
-@step_task("match")
-def match_task(config: ExperimentConfig, run_dir: str, round_index: int, selected: list[int]) -> dict[str, Any]:
-    return rounds.match_step(config, run_dir, round_index, selected)
-
-
-@step_task("local-train")
-def train_phase_task(
-    config: ExperimentConfig,
-    run_dir: str,
-    round_index: int,
-    client_id: int,
-    phase_index: int,
-    start_checkpoint: str | None,
-    torch_threads: int,
-) -> dict[str, Any]:
-    torch.set_num_threads(torch_threads)
-    return rounds.train_phase_step(config, run_dir, round_index, client_id, phase_index, start_checkpoint)
-
-
-@step_task("local-train-group")
-def train_phase_group_task(
-    config: ExperimentConfig, steps: list[tuple], torch_threads: int, retries: int
-) -> list[dict[str, Any] | StepFailure]:
-    """Several clients' phases, one after another in one task; each client is retried on its
-    own and one that still fails gives a StepFailure (the others are unaffected)."""
-    torch.set_num_threads(torch_threads)
-    return [rounds.with_retries(rounds.train_phase_step, (config, *step), retries) for step in steps]
-
-
-@step_task("exchange")
-def exchange_task(config: ExperimentConfig, run_dir: str, round_index: int, donors: dict[int, int]) -> dict[int, str]:
-    return rounds.exchange_step(config, run_dir, round_index, donors)
-
-
-@step_task("aggregate")
-def aggregate_task(
-    config: ExperimentConfig, run_dir: str, round_index: int, clients: list[int], lost: dict[int, str],
-    matching: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return rounds.aggregate_step(config, run_dir, round_index, clients, lost, matching)
-
-
-@step_task("evaluate")
-def evaluate_task(config: ExperimentConfig, run_dir: str, round_index: int) -> dict[str, Any]:
-    return rounds.evaluate_step(config, run_dir, round_index)
-
-
-@step_task("commit")
-def commit_task(config: ExperimentConfig, run_dir: str, round_index: int, record: dict[str, Any]) -> dict[str, Any]:
-    return rounds.commit_round(config, run_dir, round_index, record)
-
-
-STEP_TASKS = {
-    "prepare": prepare_task,
-    "select": select_task,
-    "match": match_task,
-    "exchange": exchange_task,
-    "aggregate": aggregate_task,
-    "evaluate": evaluate_task,
-    "commit": commit_task,
-}
-
-
 class PrefectExecutor:
-    """Runs the core round's steps as Prefect tasks; the clients of a phase go to the task runner,
-    one task per client or (``runner.client_tasks: worker``) one task per worker."""
+    """Runs the core round's steps, whichever the core hands it, as Prefect tasks (:func:`step_task`);
+    the calls of a mapped step go to the task runner, one task per call or (``runner.client_tasks:
+    worker``) one task per worker."""
 
     def __init__(self, torch_threads: int, workers: int = 1, client_tasks: str = "client") -> None:
         self.torch_threads = torch_threads
@@ -184,37 +171,32 @@ class PrefectExecutor:
         self.task_runs = 0  # how many task runs this flow run created (to check they were recorded)
         self.upstream: list[Any] = []  # the completed task runs of the step before (futures or states)
 
-    def call(self, step: str, function, *args: Any) -> Any:
+    def call(self, step: str, function: Callable[..., Any], *args: Any) -> Any:
+        """function(*args) as the task of `step`, in this process, after the step before."""
         self.task_runs += 1
-        state = STEP_TASKS[step](*sealed(args), wait_for=self.upstream, return_state=True)
+        state = step_task(step, function)(*sealed(args), wait_for=self.upstream, return_state=True)
         self.upstream = [state]
         return unsealed(state.result())
 
-    def map(self, step: str, function, arguments, retries: int = 0, costs=None) -> list[Any | StepFailure]:
-        """The clients' phases as tasks; a client that still fails after its retries gives a StepFailure."""
-        if step != "train_phase":
-            raise ValueError(f"no parallel task for step {step!r}")
+    def map(self, step: str, function: Callable[..., Any], arguments: Sequence[tuple], retries: int = 0,
+            costs: Sequence[float] | None = None) -> list[Any | StepFailure]:
+        """function(*args) for each args, as tasks on the task runner; a call that still fails after its
+        `retries` gives a StepFailure (:class:`fedcme_core.rounds.Executor`'s contract)."""
         if self.client_tasks == "worker":
-            return self._map_grouped(arguments, retries, costs)
+            return self._map_grouped(step, function, arguments, retries, costs)
         self.task_runs += len(arguments)
-        client_task = train_phase_task.with_options(retries=retries, retry_condition_fn=retry_unless_machine_fault)
-        futures = [client_task.submit(*sealed((*args, self.torch_threads)), wait_for=self.upstream)
-                   for args in arguments]
-        return self.finished(futures)
+        client_task = step_task(step, function, self.torch_threads).with_options(
+            retries=retries, retry_condition_fn=retry_unless_machine_fault)
+        return self.finished([client_task.submit(*sealed(args), wait_for=self.upstream) for args in arguments])
 
-    def _map_grouped(self, arguments, retries: int, costs) -> list[Any | StepFailure]:
-        """One task per worker: the clients packed by cost (largest first) into near-equal groups."""
+    def _map_grouped(self, step: str, function: Callable[..., Any], arguments: Sequence[tuple], retries: int,
+                     costs: Sequence[float] | None) -> list[Any | StepFailure]:
+        """One task per worker: the calls packed by cost (largest first) into near-equal groups."""
         groups = rounds.balanced_groups(costs if costs is not None else [1.0] * len(arguments), self.workers)
         self.task_runs += len(groups)
-        config = arguments[0][0]  # the same for every client of the phase: sent once per task
-        steps = [args[1:] for args in arguments]
-        futures = [
-            train_phase_group_task.submit(
-                *sealed((config, [steps[position] for position in group], self.torch_threads, retries)),
-                wait_for=self.upstream,
-            )
-            for group in groups
-        ]
+        grouped = group_task(step, function, self.torch_threads)
+        futures = [grouped.submit(*sealed(([arguments[position] for position in group], retries)), wait_for=self.upstream)
+                   for group in groups]
         results: list[Any | StepFailure] = [None] * len(arguments)
         for group, outcome in zip(groups, self.finished(futures), strict=True):
             for index, position in enumerate(group):
@@ -228,10 +210,6 @@ class PrefectExecutor:
         self.upstream = [future for future, outcome in zip(futures, outcomes, strict=True)
                          if not isinstance(outcome, StepFailure)]
         return outcomes
-
-
-def sealed(arguments) -> list[Sealed]:
-    return [Sealed(argument) for argument in arguments]
 
 
 def _result_or_failure(future) -> Any | StepFailure:

@@ -8,7 +8,8 @@
 ``--partition`` takes a partition tag of the grid (:mod:`fedcme_core.config.partition_tags`): ``a0.1``
 (the base's Dirichlet-family partition with alpha 0.1) or ``c2`` (2 labels per client).
 
-Every stage reads ``params.yaml`` and validates all of it first (:mod:`fedcme_core.config.params`):
+Every stage reads ``params.yaml`` and validates its sections first (:mod:`fedcme_core.config.params`;
+a train stage then its own cell's config, once):
 ``base`` is the experiment config every run starts from, ``methods.<name>`` an algorithm section
 (plus an optional display ``label``, ``group`` and ``setup``, overrides of its cells' config),
 ``datasets.<name>`` the model of each dataset, ``report.target_accuracy``. The report stage
@@ -29,13 +30,15 @@ import numpy as np
 
 from fedcme_core.common.atomic import atomic_write_bytes
 from fedcme_core.common.lazy import lazy_module
+from fedcme_core.config.files import ConfigError
 from fedcme_core.config.params import ParamsFile, load_params
 from fedcme_core.config.partition_tags import parse_partition_tag, partition_label
 from fedcme_core.config.sections import setting_label
-from fedcme_core.data.prepared import experiment_train_labels, save_prepared
+from fedcme_core.data.catalog import SourceSettings, preparable_names, read_source, source
+from fedcme_core.data.prepared import experiment_train_labels, prepared_facts, prepared_record, save_prepared
 from fedcme_core.data.partition import class_counts
 from fedcme_core.data.partition_file import make_partition, save_partition
-from fedcme_core.data.sources import load_raw, resolve_mirror
+from fedcme_core.data.sources import resolve_mirror
 from fedcme_core.results.metrics import history_csv, split_summary, summarize, with_content_hash
 
 from flows.tracking.names import experiment_name, partition_name
@@ -46,7 +49,6 @@ checkpoints = lazy_module("fedcme_core.common.checkpoints")
 matching = lazy_module("fedcme_core.server.matching")
 rounds = lazy_module("fedcme_core.rounds")
 models = lazy_module("fedcme_core.client.models")
-run_lock = lazy_module("fedcme_core.rounds.lock")
 
 PARAMS = "params.yaml"
 
@@ -61,12 +63,23 @@ def write_json(path: Path, value: Any) -> None:
 
 # ----------------------------------------------------------------------------- prepare
 def prepare(arguments: argparse.Namespace, params: ParamsFile) -> None:
-    """dataset -> verified uint8 arrays under data/prepared/<dataset> (from the mirror or a download)."""
-    base = params.base
-    arrays = load_raw(arguments.dataset, data_dir=Path(base.data.data_dir), mirror=resolve_mirror(base.data.mirror))
-    meta = save_prepared(arguments.dataset, arrays, prepared_dir(arguments.dataset))
+    """dataset -> checked arrays under data/prepared/<dataset>: an official dataset's verified files (from
+    the mirror or a download), or a researcher's own data at `datasets.<dataset>.path` (npz,
+    imagefolder), whose classes, input shape and channel statistics are derived from its training set
+    and recorded in meta.json with the sha256 of what was read. Bad data is one line, and nothing is
+    written."""
+    data, entry = params.base.data, params.datasets.get(arguments.dataset)
+    path = entry.path if entry is not None else None
+    if path is None and source(arguments.dataset).needs_path:
+        raise ConfigError(f"{arguments.params}: datasets.{arguments.dataset}.path: missing; the prepare stage reads "
+                          f"the {arguments.dataset} data from it")
+    settings = SourceSettings(Path(data.data_dir), resolve_mirror(data.mirror), Path(path) if path else None)
+    read = read_source(arguments.dataset, settings, with_origin=True)
+    meta = save_prepared(arguments.dataset, read.arrays, prepared_dir(arguments.dataset), prepared_record(read))
     shapes = {key: record["shape"] for key, record in meta["arrays"].items()}
-    print(f"prepared {arguments.dataset}: {shapes}")
+    derived = (f"; derived {read.facts.num_classes} classes, input shape {read.facts.input_shape}"
+               if read.derived else "")
+    print(f"prepared {arguments.dataset}: {shapes}{derived}")
 
 
 # --------------------------------------------------------------------------- partition
@@ -120,11 +133,15 @@ def train(arguments: argparse.Namespace, params: ParamsFile) -> None:
     """Run the Prefect training flow for one grid cell; write metrics/<exp>.json|.csv, metrics/about/<exp>.json,
     metrics/matching/<exp>.json and models/<exp>.pt.
 
-    With no Prefect API configured, the stage starts its temporary Prefect server first (as
+    The cell's run directory is held first (:func:`fedcme_core.common.run_lock.hold_run`, no torch), so a
+    second stage or command on it is refused in its first second, and held until its final state is
+    read. With no Prefect API configured, the stage starts its temporary Prefect server next (as
     `fedcme train` does), and that server dies with the stage.
 
     The run nests under its grid run's parent MLflow run (:mod:`flows.tracking.grid`), found or
     created here while the Prefect server starts; a stage that fails marks the parent FAILED."""
+    from fedcme_core.common.run_lock import experiment_run_dir, hold_run
+
     from flows.orchestration.prefect_server import run_against_prefect
 
     def action(ready) -> None:
@@ -141,10 +158,16 @@ def train(arguments: argparse.Namespace, params: ParamsFile) -> None:
             end_grid_parent(parent, "FAILED")
             raise
 
-    run_against_prefect(action, "this stage")
+    experiment = experiment_name(arguments.method, arguments.dataset, arguments.partition, arguments.clients,
+                                 arguments.per_round, arguments.seed)
+    with hold_run(experiment_run_dir(arguments.runs_dir, experiment), tidy=True):
+        run_against_prefect(action, "this stage")
 
 
 def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) -> None:
+    """The cell's run (its run directory held by the caller: a run of a changed config is removed and
+    started over), then its metrics, matching similarity and final model written from the run's summary
+    and its final state."""
     cell = (arguments.method, arguments.dataset, arguments.partition, arguments.clients, arguments.per_round,
             arguments.seed)
     experiment = experiment_name(*cell)
@@ -153,15 +176,12 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
     partition_file = Path("data/partitions") / partition_name(
         arguments.dataset, arguments.partition, arguments.clients, arguments.seed
     ) / "partition.npz"
-    # Held from before a changed run is removed until its final state is read: no other command's run is lost.
-    with run_lock.hold_run(run_dir):
-        if not rounds.run_directory_matches(config, run_dir):
-            print(f"{experiment}: the config changed; starting this run over")
-            shutil.rmtree(run_dir)
-        run_training(config, experiment, runs_dir=arguments.runs_dir, partition_file=str(partition_file),
-                     method_label=params.label(arguments.method), grid=params.report.name)
-        final_state = rounds.load_server_state(run_dir, rounds.completed_rounds(run_dir))
-        choice = rounds.run_compute_choice(run_dir)
+    if not rounds.run_directory_matches(config, run_dir):
+        print(f"{experiment}: the config changed; starting this run over")
+        shutil.rmtree(run_dir)
+    summary = run_training(config, experiment, runs_dir=arguments.runs_dir, partition_file=str(partition_file),
+                           method_label=params.label(arguments.method), grid=params.report.name)
+    final_state = rounds.load_server_state(run_dir, rounds.completed_rounds(run_dir))
     history = final_state["history"][: config.federation.rounds]
     identity = {
         "experiment": experiment,
@@ -180,10 +200,12 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
         "num_clients": arguments.clients,
         "clients_per_round": arguments.per_round,
         "local_epochs": config.training.local_epochs,
+        # What it trained on: classes, input shape, channel statistics (derived from a researcher's data).
+        "dataset_facts": prepared_facts(prepared_dir(arguments.dataset)),
         # What computed it, for every table made from it: layout and precision, device, machine.
-        "compute": choice.compute.name,
+        "compute": summary["compute"]["name"],
         "device": str(models.resolve_device(config.device)),
-        "machine": choice.machine,
+        "machine": summary["compute"]["machine"],
     }
     counts = json.loads((partition_file.parent / "class_counts.json").read_text(encoding="utf-8"))["class_counts"]
     similarity = {**identity, "class_counts": counts, "rounds": matching.matching_similarity(history)}
@@ -211,12 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--params", default=PARAMS)
     stages = parser.add_subparsers(dest="stage", required=True)
     prepare_parser = stages.add_parser("prepare")
-    prepare_parser.add_argument("--dataset", required=True, choices=["fmnist", "cifar10"])
+    prepare_parser.add_argument("--dataset", required=True, choices=preparable_names())
     prepare_parser.set_defaults(handler=prepare)
     partition_parser = stages.add_parser("partition")
     train_parser = stages.add_parser("train")
     for stage_parser in (partition_parser, train_parser):
-        stage_parser.add_argument("--dataset", required=True, choices=["fmnist", "cifar10"])
+        stage_parser.add_argument("--dataset", required=True, choices=preparable_names())
         stage_parser.add_argument("--partition", type=partition_tag, required=True,
                                   help="a partition tag: a<alpha> (a0.1) or c<k> (c2)")
         stage_parser.add_argument("--clients", type=int, required=True)
@@ -234,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
 
     arguments = build_parser().parse_args(argv)
     quiet_environment()
-    # The whole params file is validated before any stage reads or writes anything.
-    return report_errors(lambda: arguments.handler(arguments, load_params(arguments.params)) or 0)
+    # The params file's sections are validated before any stage reads or writes anything; the train
+    # stage validates its own cell's config (once) and no other (`fedcme check` validates every cell).
+    return report_errors(lambda: arguments.handler(arguments, load_params(arguments.params, cells=False)) or 0)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from fedcme_core.config.params import ParamsFile, load_params
 from fedcme_core.config.sections import MethodEntry
 
 from flows.report.compare import curve_tables, summary_metrics
+from flows.report.factors import load_study
 from flows.report.claims import claims_section
 from flows.report.figures import curves_png, matching_png
 from flows.report.inputs import load_matching, load_metrics, matching_runs
@@ -263,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     title = arguments.title or f"FedCME results: the {arguments.grid} grid"
     try:
         params = load_params(arguments.params) if arguments.params else None
+        if params is not None:
+            load_study(arguments.params, params)  # a study's keys in its report section, checked (one line)
         write_report(arguments.metrics, arguments.markdown, arguments.png, title=title,
                      output_csv=arguments.csv, grid=arguments.grid, note=arguments.note,
                      output_summary=arguments.summary, output_curves=arguments.curves,

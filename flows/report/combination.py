@@ -1,5 +1,5 @@
 """The sensitivity study's combination: the readings that helped, combined and trained at T=100, beside the
-committed T=100 runs of today's readings (``report.combination``, :mod:`fedcme_core.config.factors`).
+committed T=100 runs of today's readings (``report.combination``, :mod:`flows.report.factors`).
 
 Paired seed by seed over the seeds both runs have (:func:`flows.report.sensitivity.compare`), of the final
 accuracy (the mean of the last rounds):
@@ -18,23 +18,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedcme_core.config.factors import ReportCombination
-
 from flows.report import sensitivity as rs
 from flows.report import verdicts
+from flows.report.factors import ROLE as R
+from flows.report.factors import ReportCombination
 from flows.report.seed_stats import MIN_SEEDS_FOR_P
 
 FACTOR = "combination"  # the factor name of these rows in the factors' CSV
-ROLES = {  # role: the label of its runs in the tables
-    "fedcme": "FedCME(0.01) combined", "strong": "FedCME(0.1) combined", "twin": "FedCME(0.1) combined w/o exchange",
-    "today": "FedCME(0.01) today", "today_strong": "FedCME(0.1) today", "fedavg": "FedAvg", "fedrs": "FedRS",
-}
+ROLES = ReportCombination.role_labels()  # role: the label of its runs in the tables
 COMPARISONS = {  # code: (minuend role, subtrahend role)
-    "t1": ("fedcme", "fedavg"), "t2": ("fedcme", "fedrs"), "t3": ("fedcme", "today"),
-    "t4": ("strong", "twin"), "t5": ("strong", "fedavg"), "t6": ("strong", "fedrs"), "t7": ("strong", "today_strong"),
+    "t1": (R.fedcme, R.fedavg), "t2": (R.fedcme, R.fedrs), "t3": (R.fedcme, R.today),
+    "t4": (R.strong, R.twin), "t5": (R.strong, R.fedavg), "t6": (R.strong, R.fedrs), "t7": (R.strong, R.today_strong),
 }
 DESCRIPTIONS = {code: f"T=100: {ROLES[minuend]} − {ROLES[subtrahend]}" for code, (minuend, subtrahend)
                 in COMPARISONS.items()}
+# The combination's roles in its figure panel (flows.report.sensitivity_figure's roles), where they differ.
+PANEL_ROLES = {R.twin: "strong_twin", R.today: "today_fedcme"}
 
 
 def sides(combination: ReportCombination) -> dict[str, rs.Side]:
@@ -45,9 +44,7 @@ def sides(combination: ReportCombination) -> dict[str, rs.Side]:
 
 def panel_sides(combination: ReportCombination) -> dict[str, rs.Side]:
     """{figure role: Side} of the combination's panel (:mod:`flows.report.sensitivity_figure`'s roles)."""
-    roles = {"fedcme": "fedcme", "strong": "strong", "twin": "strong_twin", "today": "today_fedcme",
-             "today_strong": "today_strong", "fedavg": "fedavg", "fedrs": "fedrs"}
-    return {roles[role]: side for role, side in sides(combination).items()}
+    return {PANEL_ROLES.get(role, role): side for role, side in sides(combination).items()}
 
 
 def comparisons(combination: ReportCombination,

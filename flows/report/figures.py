@@ -7,8 +7,9 @@
   early and a late round, and over the rounds the mean cosine similarity of the matched pairs'
   evaluation vectors against that of random pairs (SPEC step 2; FedCME pairs the least similar).
 
-Accuracy panels are at least 1,200 px wide, their legend outside the curves; the matching figure is
-1,200 px wide, every axis labelled.
+Accuracy panels are at least 1,200 px wide, their legend outside the curves and inside the figure (the
+figure is widened by the legend's measured width); the matching figure is 1,200 px wide, every axis
+labelled.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 FIGURE_DPI = 200
 PANEL_INCHES = (6.0, 4.0)  # 1,200 x 800 px at FIGURE_DPI
+LEGEND_MARGIN_INCHES = 0.25  # beside the legend's own width: constrained layout's pads and a margin
 LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (5, 2, 1, 2)))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 PAIRS_SHOWN = 5  # matched pairs drawn per round: M=30 gives 15, too many panels to read side by side
@@ -94,12 +97,25 @@ def setting_curves(
     return curves
 
 
+def fit_legend(figure: Figure, legend: Any, panels_inches: float) -> None:
+    """Widen `figure` to `panels_inches` plus the width of `legend` (placed "outside right") as drawn at
+    the figure's dpi, so that constrained layout keeps both the panels' width and the whole legend."""
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.set_figwidth(panels_inches + legend.get_window_extent(renderer).width / figure.dpi + LEGEND_MARGIN_INCHES)
+
+
 def curves_png(entries: Sequence[Mapping[str, Any]], csv_directory: Path, methods: Sequence[str]) -> bytes:
-    """PNG bytes: test accuracy (%) vs round, one panel per setting, a mean line and min-max band per method."""
+    """PNG bytes of :func:`curves_figure`."""
+    return _png(curves_figure(entries, csv_directory, methods))
+
+
+def curves_figure(entries: Sequence[Mapping[str, Any]], csv_directory: Path, methods: Sequence[str]) -> Figure:
+    """Test accuracy (%) vs round, one panel per setting, a mean line and min-max band per method; the
+    legend right of the panels, the figure as wide as both."""
     curves = setting_curves(entries, csv_directory, methods)
     columns = max(1, min(2, len(curves)))
     rows = max(1, math.ceil(len(curves) / columns))
-    figure = Figure(figsize=(PANEL_INCHES[0] * columns + 2.2, PANEL_INCHES[1] * rows), layout="constrained")
+    figure = Figure(figsize=(PANEL_INCHES[0] * columns, PANEL_INCHES[1] * rows), dpi=FIGURE_DPI, layout="constrained")
     axes_grid = figure.subplots(rows, columns, squeeze=False)
     styles = method_styles(methods)
     for axes in axes_grid.flat[len(curves):]:
@@ -120,11 +136,12 @@ def curves_png(entries: Sequence[Mapping[str, Any]], csv_directory: Path, method
         axes.set_ylabel("test accuracy (%)")
         axes.grid(alpha=0.3)
     if handles:
-        figure.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8,
-                      title="mean over seeds, band: min-max", title_fontsize=8)
+        legend = figure.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8,
+                               title="mean over seeds, band: min-max", title_fontsize=8)
+        fit_legend(figure, legend, PANEL_INCHES[0] * columns)
     else:
         axes_grid[0, 0].text(0.5, 0.5, "no experiments", ha="center", va="center")
-    return _png(figure)
+    return figure
 
 
 def matching_rounds(matching: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:

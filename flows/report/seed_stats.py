@@ -7,7 +7,7 @@ seeds where A wins, and the paired t-test p-value (two-sided, n - 1 degrees of f
 
 The summary CSV has a row per experiment: its grid cell, what trained it (CONFIG_COLUMNS, from the
 grid file's validated cell config: the partition, the classifier layers, the augmentation and
-FedCME's reading options) and its accuracies.
+the algorithms' reading options) and its accuracies.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from scipy import stats
 
+from fedcme_core.algorithms import readings
 from fedcme_core.config.partition_tags import partition_description
 
 REFERENCE_METHOD = "FedAvg"
@@ -30,9 +31,10 @@ MIN_SEEDS_FOR_P = 3  # no p-value below this many seeds (one degree of freedom s
 # The summary's accuracy columns (the measures a published figure may name) and the metrics key of each.
 ACCURACY_KEYS = {"final_accuracy": "final_accuracy", "best_accuracy": "best_accuracy",
                  "accuracy_at_2T5": "accuracy_at/2/5"}
-# FedCME's open readings (SPEC.md): empty in the rows of other algorithms.
-FEDCME_READINGS = ("align_loss", "align_reduction", "exchange_optimizer", "feature_weights")
-CONFIG_COLUMNS = ("partition", "model", "lr", "batch_size", "classifier_layers", "augment", *FEDCME_READINGS)
+# The algorithms' open readings (SPEC.md; each config class's `readings`): empty in the rows of an
+# algorithm without that option.
+READINGS = readings()
+CONFIG_COLUMNS = ("partition", "model", "lr", "batch_size", "classifier_layers", "augment", *READINGS)
 # What computed each run (its metrics' about record; empty for runs published before 2026-12-07, whose
 # compute is in their grid's NOTE): the layout and precision, the device, the machine.
 COMPUTE_COLUMNS = ("compute", "device", "machine")
@@ -153,8 +155,9 @@ def fraction_text(value: float | None) -> str:
 
 def config_columns(config: Any) -> dict[str, str]:
     """The CONFIG_COLUMNS of a validated experiment config: "dirichlet(0.1)" / "labels_per_client(2)",
-    model.name, training.lr and batch_size, model.classifier_layers, the effective augmentation, FedCME's readings (empty for other algorithms)."""
-    fedcme = config.algorithm.name == "fedcme"
+    model.name, training.lr and batch_size, model.classifier_layers, the effective augmentation, the
+    algorithm's readings (READINGS; empty where its algorithm has no such reading)."""
+    own = type(config.algorithm).readings
     return {
         "partition": partition_description(config.partition),
         "model": config.model.name,
@@ -162,7 +165,7 @@ def config_columns(config: Any) -> dict[str, str]:
         "batch_size": str(config.training.batch_size),
         "classifier_layers": str(config.model.classifier_layers),
         "augment": config.augmentation,
-        **{key: str(getattr(config.algorithm, key)) if fedcme else "" for key in FEDCME_READINGS},
+        **{key: str(getattr(config.algorithm, key)) if key in own else "" for key in READINGS},
     }
 
 

@@ -1,7 +1,7 @@
 """The sensitivity study's analysis: each factor of ``report.factors`` against today's readings, paired by seed.
 
 A factor is FedCME with one reading (or setup) changed beside its no-exchange twin, and for a setup
-factor the FedAvg of that setup (:mod:`fedcme_core.config.factors`). For each factor, over the seeds
+factor the FedAvg of that setup (:mod:`flows.report.factors`). For each factor, over the seeds
 both sides ran (:func:`flows.report.seed_stats.paired_difference`), of the final accuracy (mean of the last
 rounds, ``final_accuracy``):
 
@@ -23,16 +23,16 @@ percentage points in the Markdown.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedcme_core.config.sections import ReportSection
-from fedcme_core.config.factors import ReportFactor
 from fedcme_core.config.partition_tags import entry_partition_tag
 
 from flows.report import tables
+from flows.report.factors import ReportFactor, Study
 from flows.report.tables import MISSING_CELL, markdown_text
 from flows.report.seed_stats import MIN_SEEDS_FOR_P, PairedDifference, SeedStats, p_text, paired_difference
 
@@ -57,6 +57,29 @@ class Side:
     grid: str
     method: str
     partition: str | None = None
+
+
+@dataclass(frozen=True)
+class Sides:
+    """The runs of a factor (or of today's readings) by role, the grid file's roles: FedCME with the
+    reading, its no-exchange twin, and the baselines of the same setup (None: the setup has none)."""
+
+    fedcme: Side
+    twin: Side
+    fedavg: Side
+    fedrs: Side | None = None
+    fedprox: Side | None = None
+
+    def roles(self) -> dict[str, Side]:
+        """{role: Side} of the roles it has, in order."""
+        return {item.name: getattr(self, item.name) for item in dataclasses.fields(self)
+                if getattr(self, item.name) is not None}
+
+    def baselines(self) -> dict[str, Side]:
+        """{comparison code: what FedCME is compared with}: (b) its twin, (c) FedAvg, (d) FedRS and (e)
+        FedProx, where the setup has them."""
+        codes = {"b": self.twin, "c": self.fedavg, "d": self.fedrs, "e": self.fedprox}
+        return {code: side for code, side in codes.items() if side is not None}
 
 
 @dataclass(frozen=True)
@@ -95,44 +118,39 @@ def compare(entries_by_grid: Mapping[str, Sequence[Mapping[str, Any]]], minuend:
     return None if a is None or b is None else paired_difference(a, b)
 
 
-def reference_sides(report: ReportSection, partition: str | None) -> dict[str, Side]:
-    """Today's readings in the reference grid: {fedavg, fedrs, fedcme, twin: Side}."""
-    return {role: Side(report.name, method, partition) for role, method in report.references.named().items()}
+def reference_sides(study: Study, partition: str | None) -> Sides:
+    """Today's readings in the reference grid."""
+    return Sides(**{role: Side(study.name, method, partition) for role, method in study.references.named().items()})
 
 
-def factor_sides(report: ReportSection, factor: ReportFactor, partition: str | None) -> dict[str, Side]:
-    """A factor's runs {fedcme, twin, fedavg: Side, and fedrs, fedprox: Side where the setup has them}, in its
-    grid and setting (default: the reference partition); a reading factor's baselines are today's."""
-    grid = report.factor_grid(factor)
-    tag = factor.setting or (partition if grid == report.name else None)
-    sides = {role: Side(grid, method, tag) for role, method in factor.methods(report.references).items()}
-    today = reference_sides(report, partition)
-    for role in ("fedrs", "fedprox"):
-        if role not in sides and factor.baseline(role, report.references, report.name) is not None:
-            sides[role] = today[role]
-    return sides
+def factor_sides(study: Study, factor: ReportFactor, partition: str | None) -> Sides:
+    """A factor's runs, in its grid and setting (default: the reference partition): FedCME, its twin and
+    FedAvg, and FedRS and FedProx where the setup has them (a reading factor's are today's: trained under
+    the same setup; a setup factor's only its own, since a baseline of another setup is no comparison)."""
+    grid = study.factor_grid(factor)
+    tag = factor.setting or (partition if grid == study.name else None)
+    own = {role: Side(grid, method, tag) for role, method in factor.methods(study.references).items()}
+    today = {} if is_setup(study, factor) else reference_sides(study, partition).roles()
+    return Sides(**{**today, **own})
 
 
-def is_setup(report: ReportSection, factor: ReportFactor) -> bool:
-    return factor.is_setup(report.references, report.name)
+def is_setup(study: Study, factor: ReportFactor) -> bool:
+    return factor.is_setup(study.references, study.name)
 
 
-def comparisons(report: ReportSection, entries_by_grid: Mapping[str, Sequence[Mapping[str, Any]]],
+def comparisons(study: Study, entries_by_grid: Mapping[str, Sequence[Mapping[str, Any]]],
                 partition: str | None = None) -> list[Comparison]:
-    """Today's (b)-(e) (factor REFERENCE), then every factor's (a)-(e), in the order of `report.factors`;
+    """Today's (b)-(e) (factor REFERENCE), then every factor's (a)-(e), in the order of `study.factors`;
     `partition` is the tag of the reference runs (None: any). A comparison with a baseline that the setup
     lacks (FedProx where none is named, FedRS of a setup factor that names none) is no row."""
-    today = reference_sides(report, partition)
-    baselines = (("b", "twin"), ("c", "fedavg"), ("d", "fedrs"), ("e", "fedprox"))
-    rows = [Comparison(REFERENCE, code, today["fedcme"], today[other],
-                       compare(entries_by_grid, today["fedcme"], today[other]))
-            for code, other in baselines if other in today]
-    for factor in report.factors:
-        sides = factor_sides(report, factor, partition)
-        pairs = {"a": (sides["fedcme"], today["fedcme"]),
-                 **{code: (sides["fedcme"], sides[other]) for code, other in baselines if other in sides}}
-        rows += [Comparison(factor.name, code, minuend, subtrahend, compare(entries_by_grid, minuend, subtrahend))
-                 for code, (minuend, subtrahend) in pairs.items()]
+    today = reference_sides(study, partition)
+    rows = [Comparison(REFERENCE, code, today.fedcme, other, compare(entries_by_grid, today.fedcme, other))
+            for code, other in today.baselines().items()]
+    for factor in study.factors:
+        sides = factor_sides(study, factor, partition)
+        subtrahends = {"a": today.fedcme, **sides.baselines()}
+        rows += [Comparison(factor.name, code, sides.fedcme, other, compare(entries_by_grid, sides.fedcme, other))
+                 for code, other in subtrahends.items()]
     return rows
 
 

@@ -21,25 +21,26 @@ from matplotlib.ticker import MaxNLocator
 
 from fedcme_core.config.partition_tags import entry_partition_tag
 
+from flows.report.factors import ROLE
 from flows.report.figures import read_accuracy_curve, seed_band
 from flows.report.sensitivity import Side
 
 MAX_WIDTH_PX = 1200
 DPI = 100
 PANEL_HEIGHT_INCHES = 3.2
-# role -> (legend label, colour, line style)
+# role -> (legend label, colour, line style): the study's roles (flows.report.factors.ROLE) and today's runs'
 ROLE_STYLES = {
-    "fedcme": ("FedCME(0.01), this reading", "tab:red", "-"),
-    "twin": ("its no-exchange twin", "tab:red", "--"),
+    ROLE.fedcme: ("FedCME(0.01), this reading", "tab:red", "-"),
+    ROLE.twin: ("its no-exchange twin", "tab:red", "--"),
     "today_fedcme": ("FedCME(0.01), today's readings", "tab:blue", "-."),
     "today_twin": ("today's no-exchange twin", "tab:blue", ":"),
-    "fedavg": ("FedAvg (this setup)", "black", (0, (6, 2))),
+    ROLE.fedavg: ("FedAvg (this setup)", "black", (0, (6, 2))),
     # the combination's panel (T=100): FedCME(0.1) and its twin, today's FedCME(0.1), FedRS
-    "strong": ("FedCME(0.1), this reading", "tab:orange", "-"),
+    ROLE.strong: ("FedCME(0.1), this reading", "tab:orange", "-"),
     "strong_twin": ("FedCME(0.1)'s no-exchange twin", "tab:orange", "--"),
-    "today_strong": ("FedCME(0.1), today's readings", "tab:cyan", "-."),
-    "fedrs": ("FedRS (this setup)", "tab:gray", (0, (6, 2))),
-    "fedprox": ("FedProx (this setup)", "tab:green", (0, (2, 2))),
+    ROLE.today_strong: ("FedCME(0.1), today's readings", "tab:cyan", "-."),
+    ROLE.fedrs: ("FedRS (this setup)", "tab:gray", (0, (6, 2))),
+    ROLE.fedprox: ("FedProx (this setup)", "tab:green", (0, (2, 2))),
 }
 LEGEND_COLUMNS = 5
 

@@ -49,8 +49,8 @@ from fedcme_core.config.params import ParamsFile
 from flows.common.errors import TrackingError
 from flows.tracking.names import experiment_name, mlflow_experiment_for
 from flows.common.shared_stores import retry_busy, sqlite_file
-from flows.tracking.run import git_commit
 from flows.tracking.store import experiment_named, first_line, open_client, reachable_client, resolve_tracking_uri
+from flows.tracking.views import git_commit
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a run under the run it names

@@ -15,10 +15,6 @@ SMOKE_MLFLOW_EXPERIMENT = "fedcme-smoke"  # runs on synthetic data (configs/smok
 SCHEDULED_MLFLOW_EXPERIMENT = "fedcme-scheduled"  # the runs of a scheduled deployment (`fedcme serve --cron`)
 NO_GRID = "none"
 
-DISPLAY_NAMES = {"fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON", "fedrs": "FedRS", "fedcme": "FedCME",
-                 "scaffold": "SCAFFOLD"}
-# The hyper-parameter a method's label shows: FedCME(0.01) is FedCME with mu 0.01.
-LABEL_PARAMETER = {"fedprox": "mu", "moon": "mu", "fedrs": "alpha", "fedcme": "mu"}
 
 
 def partition_name(dataset: str, partition: str, clients: int, seed: int) -> str:
@@ -37,11 +33,9 @@ def experiment_name(method: str, dataset: str, partition: str, clients: int, per
 
 
 def method_label(config: ExperimentConfig) -> str:
-    """`FedCME(0.01)`, `FedProx(0.001)`, `FedRS(0.5)`, `FedAvg`: the algorithm and its main hyper-parameter."""
-    name = config.algorithm.name
-    display = DISPLAY_NAMES.get(name, name)
-    parameter = LABEL_PARAMETER.get(name)
-    return f"{display}({getattr(config.algorithm, parameter):g})" if parameter else display
+    """`FedCME(0.01)`, `FedProx(0.001)`, `FedRS(0.5)`, `FedAvg`: the algorithm and its main hyper-parameter
+    (its config class's display name and label parameter)."""
+    return config.algorithm.label()
 
 
 def setting(config: ExperimentConfig) -> str:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 import threading
 import time
@@ -60,16 +59,6 @@ STEP_METRIC = METRIC_NAMES["test_accuracy"]  # its steps are the rounds the run 
 # subprocess for many seconds per run).
 PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
 MAX_PARAMS_PER_BATCH = 100
-
-
-def git_commit(directory: Path) -> str:
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=10, check=True
-        )
-        return result.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 class RunTracker:
@@ -174,8 +163,7 @@ class RunTracker:
         if step in self.logged_rounds():
             return
         timestamp = int(time.time() * 1000)
-        metrics = [Metric(name, float(record[key]), timestamp, step)
-                   for key, name in METRIC_NAMES.items() if record.get(key) is not None]
+        metrics = [Metric(name, value, timestamp, step) for name, value in RoundRecord.mlflow_values(record).items()]
         round_file = {
             "round": step,
             "selected": record.get("selected", []),

@@ -11,9 +11,9 @@ from fedcme_core.rounds.run_record import recorded_config
 
 from flows.common.errors import TrackingError
 from flows.tracking.names import mlflow_experiment_for, run_name
-from flows.tracking.run import RunTracker, git_commit
+from flows.tracking.run import RunTracker
 from flows.tracking.store import resolve_tracking_uri
-from flows.tracking.views import run_tags
+from flows.tracking.views import git_commit, run_tags
 
 
 def sync_run(run_dir: str | Path, tracking_uri: str | None = None, mlflow_experiment: str | None = None) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def sync_run(run_dir: str | Path, tracking_uri: str | None = None, mlflow_experi
     history = load_server_state(paths.root, rounds)["history"]
     tracker = RunTracker.open(
         uri, mlflow_experiment_for(config, mlflow_experiment), run_name(config), paths.root, params=config.flat(),
-        tags=run_tags(config, paths.root.name, git_commit(Path(__file__).resolve().parents[2])), reopen=False,
+        tags=run_tags(config, paths.root.name, git_commit()), reopen=False,
     )
     logged = tracker.sync(history)
     summary = not tracker.summary_logged(history) and tracker.failure is None

@@ -1,5 +1,6 @@
 """What a training run shows where a researcher compares runs, besides its per-round metrics: its
 summary figures, its accuracy curve, and the links between its Prefect flow run and its MLflow run.
+One object holds a run's names, tags and links (:class:`RunViews`), its commit read as the run starts.
 
 The Prefect side: the flow run is tagged (`commit:`, `method:`, `seed:`, `grid:`; flows/tracking/names.py),
 its version is the git commit, and it ends with two artifacts, `mlflow-run` (a link to the MLflow
@@ -11,17 +12,73 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fedcme_core.config.schema import ExperimentConfig
 from fedcme_core.results.metrics import summarize
 
-from flows.tracking.names import identity_tags
+from flows.tracking.names import flow_run_tags, identity_tags, method_label, mlflow_experiment_for, run_name
 
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"  # where README's `mlflow ui ... --host 127.0.0.1` serves a sqlite store
 PREFECT_UI_DEFAULT = "http://127.0.0.1:4200"  # where README's `prefect server start --host 127.0.0.1` serves PREFECT_HOME
+
+
+def git_commit(directory: Path = PROJECT_DIR) -> str:
+    """The checkout's commit (`git rev-parse HEAD` in `directory`), "unknown" outside a git checkout:
+    what a run's tags and its flow run's version trace it to. Runs git: call it when a run starts."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=10, check=True
+        )
+        return result.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class RunViews:
+    """How one training run is named, tagged and linked where a researcher finds it: `experiment` (its
+    run directory's and its flow run's name), `label` (its method label: a grid's, else derived,
+    flows.tracking.names.method_label), `mlflow_experiment` (where its MLflow run goes), `commit` (the
+    code it ran: tags and the flow run's version), and in a DVC grid `grid` (``report.name``) and
+    `parent_run_id` (the grid run's parent MLflow run, under which it nests, flows.tracking.grid)."""
+
+    experiment: str
+    label: str
+    mlflow_experiment: str
+    commit: str
+    grid: str | None = None
+    parent_run_id: str | None = None
+
+    @classmethod
+    def start(cls, config: ExperimentConfig, experiment: str, label: str | None = None, grid: str | None = None,
+              mlflow_experiment: str | None = None, scheduled: bool = False,
+              parent_run_id: str | None = None) -> RunViews:
+        """The views of a run starting now (its commit read now): `mlflow_experiment` None chooses by the
+        kind of run (flows.tracking.names.mlflow_experiment_for; `scheduled`: a scheduled deployment's)."""
+        return cls(experiment, label or method_label(config),
+                   mlflow_experiment_for(config, mlflow_experiment, scheduled=scheduled), git_commit(), grid,
+                   parent_run_id)
+
+    def run_name(self, config: ExperimentConfig) -> str:
+        """The MLflow run's name (flows.tracking.names.run_name)."""
+        return run_name(config, self.label)
+
+    def flow_run_tags(self, config: ExperimentConfig) -> list[str]:
+        """The Prefect flow run's tags (flows.tracking.names.flow_run_tags)."""
+        return flow_run_tags(config, self.commit, self.grid)
+
+    def mlflow_tags(self, config: ExperimentConfig, prefect_flow_run_id: str | None,
+                    temporary_prefect: bool = False) -> dict[str, str]:
+        """The MLflow run's tags (:func:`run_tags`), linking to the flow run `prefect_flow_run_id`."""
+        return run_tags(config, self.experiment, self.commit, prefect_flow_run_id, self.label, self.grid,
+                        self.parent_run_id, temporary_prefect=temporary_prefect)
 
 
 def run_figures(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
