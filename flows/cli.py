@@ -163,9 +163,11 @@ def check(arguments: argparse.Namespace) -> int:
     from fedcme_core.config.params import load_params
 
     from flows.pipeline.dvc_params import check_dvc_params
+    from flows.report.factors import load_study
 
     for path in arguments.params:
         params = load_params(path)
+        load_study(path, params)  # a study's roles and factors name methods of its grids' files
         dvc_yaml = Path(arguments.dvc_yaml)
         paths = f"; all {check_dvc_params(dvc_yaml, path)} params paths of {dvc_yaml} present" if dvc_yaml.is_file() else ""
         grid = len(list(params.grid.cells()))

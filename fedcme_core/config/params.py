@@ -26,7 +26,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from fedcme_core.config.schema import ExperimentConfig, PartitionConfig, config_from_dict, format_validation_error
 from fedcme_core.config.files import ConfigError, apply_overrides, read_yaml
 from fedcme_core.config.sections import (
-    AblationSection, Dataset, DatasetEntry, GridSection, MethodEntry, ReportSection, Section, other_grid_file,
+    AblationSection, Dataset, DatasetEntry, GridSection, MethodEntry, ReportSection, Section,
 )
 from fedcme_core.config.partition_tags import check_tag_for_method, partition_overrides
 
@@ -67,11 +67,6 @@ class ParamsFile(Section):
                 raise ValueError(f"report.published.{index}: no grid or ablation run of {figure.method} in "
                                  f"{figure.dataset} {figure.partition} K={figure.clients[0]} M={figure.clients[1]} "
                                  "to set beside it")
-        partitions = list(dict.fromkeys(tag for grid in (self.grid, self.ablation) if grid is not None
-                                        for tag in grid.partitions))
-        problems = self.report.method_problems(self.methods, self.report.name, partitions)
-        if problems:
-            raise ValueError(problems[0])
         dotted = [name for name in self.methods if "." in name]
         if dotted:
             raise ValueError(f"methods: names must not contain dots (DVC params paths), got {', '.join(dotted)}")
@@ -173,25 +168,7 @@ def load_params(path: str | Path, cells: bool = True) -> ParamsFile:
         raise ConfigError(f"{path}: base: missing, or not a mapping of config keys (a params file needs "
                           "base, methods, grid)")
     params = params_from_dict(values, source=str(path), cells=cells)
-    check_factor_grids(params, Path(path))
     return params
-
-
-def check_factor_grids(params: ParamsFile, path: Path) -> None:
-    """The factors and the combination of other grids name methods of those grids' files (where the files
-    exist); else one ConfigError naming this file, the key and the other file."""
-    for grid in params.report.other_grids():
-        other = other_grid_file(grid, path)
-        if other is None:
-            continue
-        values = read_yaml(other)
-        values = values if isinstance(values, Mapping) else {}
-        methods = values.get("methods") if isinstance(values.get("methods"), Mapping) else {}
-        sections = [values[key] for key in ("grid", "ablation") if isinstance(values.get(key), Mapping)]
-        partitions = list(dict.fromkeys(tag for section in sections for tag in section.get("partitions") or []))
-        problems = params.report.method_problems(methods, grid, partitions)
-        if problems:
-            raise ConfigError(f"{path}: {problems[0]} ({other})")
 
 
 def load_config(

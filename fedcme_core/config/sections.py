@@ -211,11 +211,6 @@ class ReportSection(Section):
         """The study's keys that this section holds, as written (for ``flows.report.factors``)."""
         return self.model_dump(include={"references", "factors", "combination"}, exclude_defaults=True)
 
-    def method_problems(self, methods: Mapping[str, Any], grid: str, partitions: Any = None) -> list[str]:
-        """Where this section names a method that `methods` (grid `grid`'s) lacks: nowhere (a published
-        figure's method is checked with the grid; a study checks its own, ``flows.report.factors``)."""
-        return []
-
     def other_grids(self) -> list[str]:
         """The grids other than this one whose published figures the report sets beside ours."""
         return [grid for grid in dict.fromkeys(self.checks) if grid != self.name]
