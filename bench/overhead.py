@@ -90,6 +90,17 @@ def ideal_seconds(record: dict, workers: int, ideal: str = "train") -> float:
     return clients + record.get("exchange_seconds", 0.0) + record["aggregate_seconds"] + record["evaluate_seconds"]
 
 
+def round_part(record, part: str) -> float:
+    """A stored round record's time part: `phase1_seconds` is its first phase, `phase2_seconds` every
+    later one summed (records.phase_seconds reads both forms), the others its own keys."""
+    phases = records.phase_seconds(record)
+    if part == "phase1_seconds":
+        return phases[0] if phases else 0.0
+    if part == "phase2_seconds":
+        return sum(phases[1:])
+    return record.get(part, 0.0)
+
+
 def main() -> None:
     parser = common.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=None, help="rounds per run (round 0 is excluded when > 1)")
@@ -187,13 +198,3 @@ if __name__ == "__main__":
     started = time.perf_counter()
     main()
 
-
-def round_part(record, part: str) -> float:
-    """A stored round record's time part: `phase1_seconds` is its first phase, `phase2_seconds` every
-    later one summed (records.phase_seconds reads both forms), the others its own keys."""
-    phases = records.phase_seconds(record)
-    if part == "phase1_seconds":
-        return phases[0] if phases else 0.0
-    if part == "phase2_seconds":
-        return sum(phases[1:])
-    return record.get(part, 0.0)

@@ -37,6 +37,7 @@ import multiprocessing
 import os
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import common
@@ -87,7 +88,9 @@ def bare_client(config, run_dir: str, client: int) -> dict:
         for start in range(0, labels.shape[0], 128):
             model(inputs[start : start + 128])
     seconds = time.perf_counter() - started
-    return {"client": client, "seconds": seconds, "samples": int(labels.shape[0]) * config.training.local_epochs}
+    # The figures our step's result carries (its `seconds` and `samples`), as attributes alike.
+    return types.SimpleNamespace(client=client, seconds=seconds,
+                                 samples=int(labels.shape[0]) * config.training.local_epochs)
 
 
 class ThreadLayout:
