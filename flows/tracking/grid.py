@@ -52,7 +52,6 @@ from flows.common.shared_stores import retry_busy, sqlite_file
 from flows.tracking.store import experiment_named, first_line, open_client, reachable_client, resolve_tracking_uri
 from flows.tracking.views import git_commit
 
-PROJECT_DIR = Path(__file__).resolve().parents[2]
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a run under the run it names
 LOCK_TIMEOUT = 60.0  # seconds a stage waits for another's find-or-create of the parent
 
@@ -94,7 +93,7 @@ def grid_key(params: ParamsFile, commit: str) -> str:
 
 def grid_run(params: ParamsFile, params_file: str | Path) -> GridRun:
     """The grid run of `params` (read from `params_file`) at the checkout's commit."""
-    commit = git_commit(PROJECT_DIR)
+    commit = git_commit()
     first = next(iter(params.all_cells()))
     try:
         digest = hashlib.sha256(Path(params_file).read_bytes()).hexdigest()
