@@ -18,6 +18,7 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from fedcme_core.algorithms import RecordSection
 from flows.common import shared_stores
 from flows.common.errors import TrackingError
 from flows.common.shared_stores import FirstUse
@@ -57,6 +58,18 @@ def test_rounds_are_logged_as_steps_from_one_with_matching_artifacts_of_the_same
                           "failures": {}}
 
 
+def test_a_round_without_matching_or_failures_logs_no_round_file(tmp_path):
+    tracker = open_tracker(tmp_path)
+    fedavg = [record(index, algorithm=RecordSection()).to_dict() for index in range(2)]
+    fedavg[1]["failures"] = {"3": "non-finite training loss nan"}
+
+    assert tracker.sync(fedavg) == 2
+
+    client = MlflowClient(tracker.uri)
+    assert [item.path for item in client.list_artifacts(tracker.run_id, "matching")] == ["matching/round-0002.json"]
+    assert steps(tracker) == [(1, 0.25), (2, 0.25)]
+
+
 def test_a_run_begun_under_the_old_flat_names_gets_every_round_under_the_grouped_names_when_resumed(tmp_path):
     tracker = open_tracker(tmp_path)
     client = MlflowClient(tracker.uri)
@@ -73,18 +86,22 @@ def test_a_run_begun_under_the_old_flat_names_gets_every_round_under_the_grouped
     assert [step for step, _ in steps(resumed, "test_accuracy")] == [0, 1]  # the old history is left as it was
 
 
-def test_the_summary_is_the_mean_of_the_last_five_rounds_and_moves_on_when_a_run_is_extended(tmp_path):
+def test_the_summary_is_the_mean_of_the_last_five_rounds_rounded_at_step_0_and_moves_on_when_a_run_is_extended(
+        tmp_path):
     tracker = open_tracker(tmp_path)
-    history = [record(index, test_accuracy=0.1 * (index + 1)).to_dict() for index in range(6)]
+    history = [record(index, test_accuracy=0.9 - 0.1 * index).to_dict() for index in range(6)]  # falling
     tracker.sync(history[:2])
     tracker.log_summary(history[:2])
+    assert tracker.summary_logged(history[:2]) and not tracker.summary_logged(history)
     tracker.sync(history)
-    tracker.log_summary(history)  # the run extended to 6 rounds
+    tracker.log_summary(history)  # the run extended to 6 rounds: a lower value, logged later at the same step
 
     run = MlflowClient(tracker.uri).get_run(tracker.run_id)
-    assert run.data.metrics["final_accuracy"] == pytest.approx(0.4)  # (0.2 + 0.3 + 0.4 + 0.5 + 0.6) / 5
-    assert steps(tracker, "final_accuracy") == [(2, pytest.approx(0.15)), (6, pytest.approx(0.4))]
-    assert run.data.metrics["best_accuracy"] == pytest.approx(0.6)
+    assert run.data.metrics["final_accuracy"] == 0.6  # (0.8 + 0.7 + 0.6 + 0.5 + 0.4) / 5
+    # One point per run end, at step 0; (0.9 + 0.8) / 2 is 0.8500000000000001 in floats, logged rounded.
+    assert steps(tracker, "final_accuracy") == [(0, 0.85), (0, 0.6)]
+    assert run.data.metrics["best_accuracy"] == 0.9
+    assert tracker.summary_logged(history) and not tracker.summary_logged(history[:2])
     figures = [item.path for item in MlflowClient(tracker.uri).list_artifacts(tracker.run_id, "figures")]
     assert figures == ["figures/accuracy.png"]
 

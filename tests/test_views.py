@@ -43,14 +43,18 @@ def test_a_grid_cell_is_found_by_its_tags_with_its_summary_figure_system_metrics
     (run,) = client.search_runs([experiment.experiment_id],
                                 "tags.method_label = 'FedCME (ours)' and tags.grid = 'paper' and tags.seed = '0'")
     assert run.info.run_id == summary["mlflow_run_id"]
-    assert run.info.run_name == "FedCME (ours) s0 · synthetic α=0.5 K8 M4"
+    assert run.info.run_name == "s0 FedCME (ours) · synthetic α=0.5 K8 M4"
     assert run.data.tags["method"] == "fedcme" and run.data.tags["setting"] == "synthetic α=0.5 K8 M4"
     accuracy = [m.value for m in client.get_metric_history(run.info.run_id, "eval/test_accuracy")]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1, 2]
     assert {"eval/test_loss", "time/round_seconds", "clients/aggregated"} <= set(run.data.metrics)
     assert "test_accuracy" not in run.data.metrics
-    assert run.data.metrics["final_accuracy"] == pytest.approx(sum(accuracy) / 2) == summary["final_accuracy"]
+    assert run.data.metrics["final_accuracy"] == round(sum(accuracy) / 2, 6) == round(summary["final_accuracy"], 6)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "final_accuracy")] == [0]  # a bar per run
     assert [item.path for item in client.list_artifacts(run.info.run_id, "figures")] == ["figures/accuracy.png"]
+    (model,) = client.search_logged_models([experiment.experiment_id], f"source_run_id = '{run.info.run_id}'")
+    assert model.name == "views"  # the experiment's, not "model"
+    assert run.data.params["data.synthetic.num_train"]  # synthetic data: its source's settings are params
     assert any(key.startswith("system/cpu_utilization") for key in run.data.metrics), sorted(run.data.metrics)
     assert run.data.tags["prefect_flow_run_id"] == summary["prefect_flow_run_id"]
     assert run.data.tags["prefect_flow_run"].endswith(summary["prefect_flow_run_id"])
@@ -61,7 +65,8 @@ def test_a_grid_cell_is_found_by_its_tags_with_its_summary_figure_system_metrics
     head = git_commit(REPO_ROOT)  # "unknown" outside a git checkout
     assert commit == head == "unknown" or subprocess.run(["git", "merge-base", "--is-ancestor", commit, head],
                                                          cwd=REPO_ROOT).returncode == 0
-    assert {f"commit:{commit}", "method:fedcme", "seed:0", "grid:paper"} <= set(flow_run.tags)
+    assert {f"commit:{commit[:12]}", "method:FedCME (ours)", "algorithm:fedcme", "seed:0", "grid:paper"} <= set(
+        flow_run.tags)
     assert flow_run.flow_version == commit == run.data.tags["mlflow.source.git.commit"]
     # Prefect stores a link artifact as the markdown of its link: the run's page in MLflow's UI.
     url = mlflow_run_url(uri, experiment.experiment_id, run.info.run_id)
@@ -69,6 +74,7 @@ def test_a_grid_cell_is_found_by_its_tags_with_its_summary_figure_system_metrics
     assert artifacts["mlflow-run"].data == f"[MLflow run {run.info.run_id}]({url})"
     assert artifacts["training-summary"].type == "markdown"
     assert f"{summary['final_accuracy']:.4f}" in artifacts["training-summary"].data
+    assert f"| MLflow run | [{run.info.run_id}]({url}) |" in artifacts["training-summary"].data
 
 
 @pytest.mark.slow
@@ -81,7 +87,7 @@ def test_without_system_metrics_and_with_a_registered_model(tmp_path, prefect_se
     client = MlflowClient(tracking_uri=uri)
 
     run = client.get_run(summary["mlflow_run_id"])
-    assert run.info.run_name.startswith("FedCME(0.01) s0 · ") and run.data.tags["grid"] == "none"
+    assert run.info.run_name.startswith("s0 FedCME(0.01) · ") and run.data.tags["grid"] == "none"
     assert not [key for key in run.data.metrics if key.startswith("system/")]
     (version,) = client.search_model_versions("name = 'fedcme-smoke-model'")
     assert str(version.version) == summary["registered_model_version"] == "1" and version.run_id == run.info.run_id
@@ -97,7 +103,7 @@ def test_a_plain_run_is_named_by_its_method_label_and_seed(algorithm, label):
     config = config_from_dict({"seed": 2, "partition": {"alpha": 1.0},
                                "federation": {"num_clients": 10, "clients_per_round": 10}, "algorithm": algorithm})
     assert method_label(config) == label
-    assert run_name(config) == f"{label} s2 · fmnist α=1.0 K10 M10"
+    assert run_name(config) == f"s2 {label} · fmnist α=1.0 K10 M10"
     assert mlflow_experiment_for(config) == "fedcme" and mlflow_experiment_for(config, scheduled=True) == "fedcme-scheduled"
 
 
@@ -139,8 +145,10 @@ def test_one_object_names_tags_and_links_a_run(monkeypatch):
     assert (views.label, plain.label) == ("FedCME (ours)", "FedCME(0.01)")
     assert (views.mlflow_experiment, RunViews.start(config, "n", scheduled=True).mlflow_experiment) == (
         "fedcme-smoke", "fedcme-scheduled")
-    assert views.commit == git_commit(REPO_ROOT) and views.run_name(config).startswith("FedCME (ours) s0 · ")
-    assert views.flow_run_tags(config) == [f"commit:{views.commit}", "method:fedcme", "seed:0", "grid:paper"]
+    assert views.commit == git_commit(REPO_ROOT) and views.run_name(config).startswith("s0 FedCME (ours) · ")
+    assert views.flow_run_tags(config) == [f"commit:{views.commit[:12]}", "method:FedCME (ours)", "algorithm:fedcme",
+                                           "seed:0", "grid:paper"]
+    assert plain.flow_run_tags(config)[1] == "method:FedCME(0.01)"
     tags = views.mlflow_tags(config, "abc", temporary_prefect=True)
     assert tags["mlflow.parentRunId"] == "p1" and tags["experiment"] == "cell" and tags["grid"] == "paper"
     assert tags["prefect_flow_run"] == "http://127.0.0.1:4200/runs/flow-run/abc" and tags["git_commit"] == views.commit

@@ -18,10 +18,15 @@ between them, found by its tags in the grid's MLflow experiment (``flows.trackin
   (:func:`end_grid_parent`); a later one that runs marks it RUNNING again.
 - The report stage (``python -m flows.report.build ... --mlflow-parent``, :func:`close_grid_parent`)
   finds or creates the same parent, logs the report (``reports/results.md``, ``results.csv``,
-  ``figures/*.png``, ``summary/*.json``) as its artifacts and the summary metrics per method
-  (:func:`parent_metrics`, fractions), makes the grid's current runs (``runs/<exp>/mlflow.json``)
-  exactly its children (a run restored from DVC's cache, or one whose stage found no parent, is
-  adopted; a child that is no longer the grid's is let go), and marks it FINISHED.
+  ``figures/*.png``, ``summary/*.json``) as its artifacts, the per-method summary
+  (:func:`parent_metrics`) as one table artifact (``reports/methods.json``, MLflow's table form:
+  :func:`method_table`) and one tag per method (``summary/<method>``, :func:`method_tag`), with the
+  number of its experiments as the tag ``experiments``, makes the grid's current runs
+  (``runs/<exp>/mlflow.json``) exactly its children (a run restored from DVC's cache, or one whose
+  stage found no parent, is adopted; a child that is no longer the grid's is let go), and marks it
+  FINISHED. The parent logs no metric: MLflow's chart view, which draws a chart per metric of the
+  runs shown, opens on the children's (their ``final_accuracy``, one bar per run), not on one-bar
+  charts of the parent's.
 
 A tracking failure here never stops a stage: one warning line, and the experiment's own run and
 the report are written as before.
@@ -34,13 +39,12 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, RunStatus, RunTag
+from mlflow.entities import RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
 from fedcme_core.common.locks import FileLock
@@ -50,10 +54,12 @@ from flows.common.errors import TrackingError
 from flows.tracking.names import experiment_name, mlflow_experiment_for
 from flows.common.shared_stores import retry_busy, sqlite_file
 from flows.tracking.store import experiment_named, first_line, open_client, reachable_client, resolve_tracking_uri
-from flows.tracking.views import git_commit
+from flows.tracking.views import git_commit, rounded
 
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a run under the run it names
 LOCK_TIMEOUT = 60.0  # seconds a stage waits for another's find-or-create of the parent
+METHOD_TABLE = "reports/methods.json"  # the parent's per-method summary, MLflow's table artifact
+METHOD_TAG = "summary/"  # + the method's name: its summary in one line, a tag of the parent
 
 
 @dataclass(frozen=True)
@@ -164,26 +170,56 @@ def end_grid_parent(run_id: str | None, status: str, tracking_uri: str | None = 
 
 
 def parent_metrics(summaries: Mapping[str, Mapping[str, Any]],
-                   entries: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """The parent's summary metrics, per method name `m`, all fractions as MLflow holds accuracy:
-    ``final_accuracy/m`` and ``best_accuracy/m`` from ``reports/summary/m.json`` (the means over the
-    grid's settings and seeds, fractions there too), ``final_accuracy_std/m`` (the sample std over
-    seeds of the method's per-seed mean final accuracy; with two seeds or more) and ``seeds/m``."""
-    metrics: dict[str, float] = {}
+                   entries: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """The parent's per-method summary figures, {method name: figures}, all fractions as MLflow holds
+    accuracy: ``final_accuracy`` and ``best_accuracy`` from ``reports/summary/m.json`` (the means over
+    the grid's settings and seeds, fractions there too), ``seeds`` (the seeds the method's entries
+    hold) and ``final_accuracy_std`` (the sample std over seeds of the method's per-seed mean final
+    accuracy; None under two seeds). Logged as the parent's table and tags, never as its metrics."""
+    figures: dict[str, dict[str, float | None]] = {}
     for method, summary in summaries.items():
-        for key in ("final_accuracy", "best_accuracy"):
-            if isinstance(summary.get(key), (int, float)):
-                metrics[f"{key}/{method}"] = float(summary[key])
         by_seed: dict[int, list[float]] = {}
         for entry in entries:
             if entry.get("method_name") == method:
                 by_seed.setdefault(int(entry["seed"]), []).append(float(entry["final_accuracy"]))
-        if by_seed:
-            metrics[f"seeds/{method}"] = float(len(by_seed))
-        if len(by_seed) >= 2:
-            metrics[f"final_accuracy_std/{method}"] = statistics.stdev(
-                [sum(values) / len(values) for values in by_seed.values()])
-    return metrics
+        means = [sum(values) / len(values) for values in by_seed.values()]
+        figures[method] = {key: float(summary[key]) if isinstance(summary.get(key), (int, float)) else None
+                           for key in ("final_accuracy", "best_accuracy")}
+        figures[method]["seeds"] = float(len(by_seed))
+        figures[method]["final_accuracy_std"] = statistics.stdev(means) if len(means) >= 2 else None
+    return figures
+
+
+def percent(value: float | None, std: float | None = None) -> str:
+    """0.5, 0.01 -> `50.00 ± 1.00`; a missing std leaves it out, a missing value is `—`."""
+    if value is None:
+        return "—"
+    return f"{100 * value:.2f}" + ("" if std is None else f" ± {100 * std:.2f}")
+
+
+def method_table(figures: Mapping[str, Mapping[str, float | None]],
+                 labels: Mapping[str, str]) -> dict[str, list[Any]]:
+    """The parent's per-method table, one row per method (columns: method, label, seeds,
+    final_accuracy, final_accuracy_std, best_accuracy as rounded fractions, None where missing,
+    and ``final (%)``, the mean ± std in percent as the report prints it)."""
+    table: dict[str, list[Any]] = {column: [] for column in (
+        "method", "label", "seeds", "final_accuracy", "final_accuracy_std", "best_accuracy", "final (%)")}
+    for method, row in figures.items():
+        table["method"].append(method)
+        table["label"].append(labels.get(method, method))
+        table["seeds"].append(int(row.get("seeds") or 0))
+        for key in ("final_accuracy", "final_accuracy_std", "best_accuracy"):
+            table[key].append(None if row.get(key) is None else rounded(row[key]))
+        table["final (%)"].append(percent(row.get("final_accuracy"), row.get("final_accuracy_std")))
+    return table
+
+
+def method_tag(label: str, row: Mapping[str, float | None]) -> str:
+    """A method's summary as the parent's ``summary/<method>`` tag:
+    `FedAvg: final 50.00 ± 1.00 % (2 seeds), best 55.00 %`."""
+    seeds = int(row.get("seeds") or 0)
+    return (f"{label}: final {percent(row.get('final_accuracy'), row.get('final_accuracy_std'))} % "
+            f"({seeds} seed{'' if seeds == 1 else 's'}), best {percent(row.get('best_accuracy'))} %")
 
 
 def current_runs(params: ParamsFile, runs_dir: Path, uri: str) -> dict[str, str]:
@@ -200,12 +236,28 @@ def current_runs(params: ParamsFile, runs_dir: Path, uri: str) -> dict[str, str]
     return runs
 
 
+def log_method_table(client: MlflowClient, parent: str, table: Mapping[str, Sequence[Any]]) -> None:
+    """`table` as the parent's METHOD_TABLE: through ``log_table`` the first time (MLflow's table
+    form, shown as a table by the UI), later in the same form through ``log_dict``, which replaces
+    it (``log_table`` appends its rows to the file a re-run of the report stage logged before)."""
+    folder = METHOD_TABLE.rsplit("/", 1)[0]
+    logged = {item.path for item in retry_busy(lambda: client.list_artifacts(parent, folder))}
+    if METHOD_TABLE not in logged:
+        retry_busy(lambda: client.log_table(parent, dict(table), METHOD_TABLE))
+        return
+    columns = list(table)
+    rows = [list(row) for row in zip(*(table[column] for column in columns))]
+    retry_busy(lambda: client.log_dict(parent, {"columns": columns, "data": rows}, METHOD_TABLE))
+
+
 def close_grid_parent(params: ParamsFile, params_file: str | Path, *, report_files: Mapping[Path, str],
-                      metrics: Mapping[str, float], runs_dir: Path = Path("runs"),
+                      metrics: Mapping[str, Mapping[str, float | None]], runs_dir: Path = Path("runs"),
                       tracking_uri: str | None = None) -> str | None:
     """The report stage's end of the grid run: its parent found or created, the report's files logged
-    as artifacts ({file: artifact folder}), `metrics` logged, the grid's current runs made its children,
-    then FINISHED. Returns the parent's id; None (one warning line) when tracking fails."""
+    as artifacts ({file: artifact folder}), `metrics` (the per-method figures, :func:`parent_metrics`)
+    as the table ``reports/methods.json`` and ``summary/<method>`` tags (labels from the params' methods),
+    the grid's current runs made its children (their count the tag ``experiments``), then FINISHED.
+    Logs no metric on the parent. Returns the parent's id; None (one warning line) when tracking fails."""
     uri = resolve_tracking_uri(tracking_uri)
     try:
         client = reachable_client(uri)
@@ -213,11 +265,13 @@ def close_grid_parent(params: ParamsFile, params_file: str | Path, *, report_fil
         parent = find_or_create_parent(client, uri, run)
         for path, folder in report_files.items():
             retry_busy(lambda: client.log_artifact(parent, str(path), folder))
-        timestamp = int(time.time() * 1000)
         children = current_runs(params, runs_dir, uri)
-        items = [Metric(name, value, timestamp, 0) for name, value in sorted(metrics.items())]
-        items.append(Metric("experiments", float(len(children)), timestamp, 0))
-        retry_busy(lambda: client.log_batch(parent, metrics=items))
+        labels = {method: params.label(method) if method in params.methods else method for method in metrics}
+        if metrics:
+            log_method_table(client, parent, method_table(metrics, labels))
+        tags = [RunTag(f"{METHOD_TAG}{method}", method_tag(labels[method], row)) for method, row in metrics.items()]
+        tags.append(RunTag("experiments", str(len(children))))
+        retry_busy(lambda: client.log_batch(parent, tags=tags))
         experiment_id = client.get_run(parent).info.experiment_id
         for child in children.values():
             retry_busy(lambda: client.log_batch(child, tags=[RunTag(PARENT_TAG, parent)]))

@@ -2,8 +2,11 @@
 the Prefect flow run's tags, and the MLflow experiment it goes to (no mlflow or prefect here).
 
     experiment fmnist-a1.0-k10m10-fedcme-mu001-s0           (a grid's run directory, metrics file, tag)
-    run name   FedCME(0.01) s0 · fmnist α=1.0 K10 M10      (method label, seed, setting)
+    run name   s0 FedCME(0.01) · fmnist α=1.0 K10 M10      (seed, method label, setting: the seed shows
+                                                        however long the label, the setting is cut first)
     tags       method, method_label, seed, setting, grid ("none" outside a DVC grid), experiment
+    model      fmnist-a1_0-k10m10-fedcme-mu001-s0         (the experiment, as MLflow's model names allow)
+    flow run   commit:<12 hex>, method:<label>, algorithm:<name>, seed:<n>, grid:<name|none>
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ DEFAULT_MLFLOW_EXPERIMENT = "fedcme"  # the grids' experiment (and a plain `fedc
 SMOKE_MLFLOW_EXPERIMENT = "fedcme-smoke"  # runs on synthetic data (configs/smoke.yaml, tests, benches)
 SCHEDULED_MLFLOW_EXPERIMENT = "fedcme-scheduled"  # the runs of a scheduled deployment (`fedcme serve --cron`)
 NO_GRID = "none"
-
+COMMIT_TAG_LENGTH = 12  # hex digits of the commit in a flow run's `commit:` tag (its version holds all 40)
+MODEL_NAME_REFUSED = "/:.%\"'"  # characters MLflow refuses in a logged model's name
 
 
 def partition_name(dataset: str, partition: str, clients: int, seed: int) -> str:
@@ -49,8 +53,16 @@ def setting(config: ExperimentConfig) -> str:
 
 
 def run_name(config: ExperimentConfig, label: str | None = None) -> str:
-    """The MLflow run's name: `FedCME(0.01) s0 · fmnist α=1.0 K10 M10` (label: the grid's, else derived)."""
-    return f"{label or method_label(config)} s{config.seed} · {setting(config)}"
+    """The MLflow run's name: `s0 FedCME(0.01) · fmnist α=1.0 K10 M10` (label: the grid's, else derived).
+    The seed first and the setting last, so that a column that cuts a long label still shows the seed;
+    unique per experiment of a grid (its method labels and settings are)."""
+    return f"s{config.seed} {label or method_label(config)} · {setting(config)}"
+
+
+def model_name(experiment: str) -> str:
+    """The logged model's name: the experiment, each character MLflow refuses in a model's name
+    (``/ : . % " '``) as `_`: `fmnist-a1.0-k10m10-fedcme-mu001-s0` -> `fmnist-a1_0-k10m10-fedcme-mu001-s0`."""
+    return "".join("_" if character in MODEL_NAME_REFUSED else character for character in experiment)
 
 
 def identity_tags(config: ExperimentConfig, experiment: str, label: str | None = None,
@@ -60,9 +72,12 @@ def identity_tags(config: ExperimentConfig, experiment: str, label: str | None =
             "seed": str(config.seed), "setting": setting(config), "grid": grid or NO_GRID, "experiment": experiment}
 
 
-def flow_run_tags(config: ExperimentConfig, commit: str, grid: str | None = None) -> list[str]:
-    """The Prefect flow run's tags: `commit:<sha>`, `method:<name>`, `seed:<n>`, `grid:<name|none>`."""
-    return [f"commit:{commit}", f"method:{config.algorithm.name}", f"seed:{config.seed}", f"grid:{grid or NO_GRID}"]
+def flow_run_tags(config: ExperimentConfig, commit: str, grid: str | None = None,
+                  label: str | None = None) -> list[str]:
+    """The Prefect flow run's tags: `commit:<first 12 hex digits>`, `method:<label>` (the grid's label,
+    else derived: it tells a grid's FedCME variants apart), `algorithm:<name>`, `seed:<n>`, `grid:<name|none>`."""
+    return [f"commit:{commit[:COMMIT_TAG_LENGTH]}", f"method:{label or method_label(config)}",
+            f"algorithm:{config.algorithm.name}", f"seed:{config.seed}", f"grid:{grid or NO_GRID}"]
 
 
 def mlflow_experiment_for(config: ExperimentConfig, chosen: str | None = None, scheduled: bool = False) -> str:

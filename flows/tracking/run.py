@@ -1,15 +1,16 @@
 """MLflow tracking of a training run (with ``flows.tracking.store`` and ``flows.tracking.grid``, a grid's
 parent run, the only modules that import mlflow).
 
-One MLflow run per experiment, all in one MLflow experiment (default ``fedcme``) so the UI
-compares them (its id kept in the run directory, so a resumed experiment logs into the same
-run), the flattened config as params, tags for the git commit, the
-partition hash and the dataset; each round's metrics in one ``log_batch`` call, with the round's
-number as the console counts it (1 for the first) as the step; each round's matching pairs and
-evaluation vectors as a JSON artifact ``matching/round-0001.json`` (the same number); the
-final global model through ``mlflow.pytorch.log_model``. The run directory's history is
-the source of truth: :meth:`RunTracker.sync` logs exactly the rounds MLflow lacks, so a
-crash between a round's commit and its logging leaves no step missing or duplicated.
+One MLflow run per experiment, all in one MLflow experiment (default ``fedcme``) so the UI compares
+them (its id kept in the run directory, so a resumed experiment logs into the same run), the
+flattened config as params, tags for the git commit, the partition hash and the dataset; each
+round's metrics in one ``log_batch`` call, with the round's number as the console counts it (1 for
+the first) as the step; each round's matching pairs, evaluation vectors and client failures as a JSON
+artifact ``matching/round-0001.json`` (the same number; none for a round with none of them: FedAvg's);
+the final global model through ``mlflow.pytorch.log_model``, named by the experiment
+(``flows.tracking.names.model_name``). The run directory's history is the source of truth:
+:meth:`RunTracker.sync` logs exactly the rounds MLflow lacks, so a crash between a round's commit
+and its logging leaves no step missing or duplicated.
 
 Opening the store is ``flows.tracking.store``'s (an unreachable server reported before training,
 a fresh sqlite store's schema created by one command at a time); a call that meets a busy sqlite
@@ -20,10 +21,11 @@ complete ``fedcme sync`` command, ``flows.tracking.store.sync_command``) and sto
 results stay in the run directory, and ``fedcme sync`` logs them later.
 
 The views (README, "MLflow"): per-round metrics grouped by prefix (``eval/test_accuracy``,
-``train/loss``, ``time/...``, ``clients/...``: :meth:`RoundRecord.mlflow_metrics`), at the run's end
-the summary metrics ``final_accuracy`` (mean of the last 5 rounds, ``fedcme_core.results.metrics.summarize``)
-and ``best_accuracy`` at the last round's step (so an extended run's value moves on), the accuracy
-curve ``figures/accuracy.png``, MLflow's system metrics (``system/...``, on unless
+``train/loss``, ``time/...``, ``clients/...``: :meth:`RoundRecord.mlflow_metrics`); at the run's end
+``final_accuracy`` (mean of the last 5 rounds, ``fedcme_core.results.metrics.summarize``) and
+``best_accuracy``, rounded (``flows.tracking.views.rounded``) at step 0, so MLflow's chart view draws
+one bar per run (an extended run's later value at step 0 is the run's), the accuracy curve
+``figures/accuracy.png`` titled by the run's name, MLflow's system metrics (``system/...``, on unless
 ``tracking.system_metrics: false``) and, on request, a registry version of the final model.
 """
 
@@ -49,12 +51,16 @@ from fedcme_core.results.records import RoundRecord, algorithm_section
 
 from flows.common.errors import TrackingError
 from flows.tracking.gpu_metrics import gpu_metrics_problem
+from flows.tracking.names import model_name
 from flows.common.shared_stores import is_busy, retry_busy
 from flows.tracking.store import experiment_named, first_line, reachable_client, reusable_run, sync_command
 
 METRIC_NAMES = RoundRecord.mlflow_metrics()  # {record key: MLflow name}
 ROUND_METRICS = tuple(METRIC_NAMES.values())
 STEP_METRIC = METRIC_NAMES["test_accuracy"]  # its steps are the rounds the run holds
+SUMMARY_METRICS = ("final_accuracy", "best_accuracy")  # logged once per run end, at SUMMARY_STEP
+SUMMARY_STEP = 0  # one point per run: MLflow's chart view draws a bar per run, not a dot at step T
+SUMMARY_ROUNDS_TAG = "fedcme.summary_rounds"  # the rounds the logged summary covers
 # What serving the logged model needs, stated (MLflow's own inference of it runs pip in a
 # subprocess for many seconds per run).
 PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
@@ -155,8 +161,8 @@ class RunTracker:
         return len(missing or [])
 
     def log_round(self, record: Mapping[str, Any]) -> None:
-        """Log one round (metrics in one batch, its matching and failures as JSON), once per step;
-        the step is the round's number as the console counts it (1 for the first)."""
+        """Log one round (metrics in one batch, its matching and failures as JSON where it has any),
+        once per step; the step is the round's number as the console counts it (1 for the first)."""
         if self._guarded("reading the logged rounds", self.logged_rounds) is None:
             return
         step = self.step(record)
@@ -172,16 +178,20 @@ class RunTracker:
             "failures": record.get("failures", {}),
         }
 
+        has_file = any(round_file[key] for key in ("pairs", "evaluation_vectors", "failures"))
+
         def log() -> bool:
             self.client.log_batch(self.run_id, metrics=metrics)
-            self.client.log_dict(self.run_id, round_file, f"matching/round-{step:04d}.json")
+            if has_file:
+                self.client.log_dict(self.run_id, round_file, f"matching/round-{step:04d}.json")
             return True
 
         if self._guarded(f"logging round {step}", log):
             self.logged_rounds().add(step)
 
     def log_model(self, model, input_example: np.ndarray, rounds: int) -> str | None:
-        """Log the global model after `rounds` rounds at that step; returns its model URI.
+        """Log the global model after `rounds` rounds at that step, named by the run directory's
+        experiment (``flows.tracking.names.model_name``); returns its model URI.
 
         Stored in MLflow's pickle form, so ``mlflow.pytorch.load_model`` gives the project's own
         model class, with ``features()`` and ``classify()`` (loading it runs code from the store:
@@ -197,8 +207,8 @@ class RunTracker:
             try:
                 with mlflow.start_run(run_id=self.run_id):
                     info = mlflow.pytorch.log_model(
-                        model, name="model", input_example=input_example, pip_requirements=PIP_REQUIREMENTS,
-                        serialization_format="pickle", step=rounds,
+                        model, name=model_name(self.run_dir.name), input_example=input_example,
+                        pip_requirements=PIP_REQUIREMENTS, serialization_format="pickle", step=rounds,
                         tags={"fedcme.current": "true", "fedcme.rounds": rounds},
                     )
             finally:
@@ -235,17 +245,21 @@ class RunTracker:
         )
 
     def log_summary(self, history: list[Mapping[str, Any]]) -> dict[str, Any] | None:
-        """At the run's end: ``final_accuracy`` and ``best_accuracy`` (fractions) at the last round's
-        step, and the accuracy curve ``figures/accuracy.png``; returns the summary's figures."""
-        from flows.tracking.views import accuracy_figure, run_figures
+        """At the run's end: ``final_accuracy`` and ``best_accuracy`` (fractions, rounded) at step 0,
+        timestamped after any earlier summary (an extended run's new value is the latest), the rounds
+        they cover as the tag ``fedcme.summary_rounds``, and the accuracy curve ``figures/accuracy.png``
+        titled by the run's name; returns the summary's figures."""
+        from flows.tracking.views import accuracy_figure, rounded, run_figures
 
         figures = run_figures(history)
-        step, timestamp = figures["rounds"], int(time.time() * 1000)
-        metrics = [Metric(name, figures[name], timestamp, step) for name in ("final_accuracy", "best_accuracy")]
 
         def log() -> dict[str, Any]:
-            self.client.log_batch(self.run_id, metrics=metrics)
-            figure = accuracy_figure(history, STEP_METRIC)
+            earlier = self.client.get_metric_history(self.run_id, SUMMARY_METRICS[0])
+            timestamp = max([int(time.time() * 1000), *(metric.timestamp + 1 for metric in earlier)])
+            metrics = [Metric(name, rounded(figures[name]), timestamp, SUMMARY_STEP) for name in SUMMARY_METRICS]
+            self.client.log_batch(self.run_id, metrics=metrics,
+                                  tags=[RunTag(SUMMARY_ROUNDS_TAG, str(figures["rounds"]))])
+            figure = accuracy_figure(history, STEP_METRIC, self.client.get_run(self.run_id).info.run_name)
             try:
                 self.client.log_figure(self.run_id, figure, "figures/accuracy.png")
             finally:
@@ -257,14 +271,21 @@ class RunTracker:
         return self._guarded("logging the summary", log)
 
     def summary_logged(self, history: list[Mapping[str, Any]]) -> bool:
-        """Whether the run holds the summary of `history` (``final_accuracy`` at its last round's step)."""
-        from flows.tracking.views import run_figures
+        """Whether the run holds the summary of `history`: its latest ``final_accuracy`` at step 0 is
+        the history's (rounded) and its ``fedcme.summary_rounds`` tag names the history's rounds."""
+        from flows.tracking.views import rounded, run_figures
 
         figures = run_figures(history)
-        logged = self._guarded("reading the summary",
-                               lambda: self.client.get_metric_history(self.run_id, "final_accuracy"))
-        return any(metric.step == figures["rounds"] and metric.value == figures["final_accuracy"]
-                   for metric in logged or [])
+
+        def read() -> bool:
+            if self.client.get_run(self.run_id).data.tags.get(SUMMARY_ROUNDS_TAG) != str(figures["rounds"]):
+                return False
+            logged = [metric for metric in self.client.get_metric_history(self.run_id, SUMMARY_METRICS[0])
+                      if metric.step == SUMMARY_STEP]
+            latest = max(logged, key=lambda metric: metric.timestamp, default=None)
+            return latest is not None and latest.value == rounded(figures["final_accuracy"])
+
+        return bool(self._guarded("reading the summary", read))
 
     def status(self) -> str | None:
         run = self._guarded("reading the run", lambda: self.client.get_run(self.run_id))

@@ -13,7 +13,7 @@ from flows.common.errors import TrackingError
 from flows.tracking.names import mlflow_experiment_for, run_name
 from flows.tracking.run import RunTracker
 from flows.tracking.store import resolve_tracking_uri
-from flows.tracking.views import git_commit, run_tags
+from flows.tracking.views import git_commit, run_params, run_tags
 
 
 def sync_run(run_dir: str | Path, tracking_uri: str | None = None, mlflow_experiment: str | None = None) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def sync_run(run_dir: str | Path, tracking_uri: str | None = None, mlflow_experi
     uri = resolve_tracking_uri(tracking_uri)
     history = load_server_state(paths.root, rounds)["history"]
     tracker = RunTracker.open(
-        uri, mlflow_experiment_for(config, mlflow_experiment), run_name(config), paths.root, params=config.flat(),
+        uri, mlflow_experiment_for(config, mlflow_experiment), run_name(config), paths.root, params=run_params(config),
         tags=run_tags(config, paths.root.name, git_commit()), reopen=False,
     )
     logged = tracker.sync(history)

@@ -2,10 +2,15 @@
 summary figures, its accuracy curve, and the links between its Prefect flow run and its MLflow run.
 One object holds a run's names, tags and links (:class:`RunViews`), its commit read as the run starts.
 
-The Prefect side: the flow run is tagged (`commit:`, `method:`, `seed:`, `grid:`; flows/tracking/names.py),
-its version is the git commit, and it ends with two artifacts, `mlflow-run` (a link to the MLflow
-run: the tracking server's URL, or for a sqlite store the URL `mlflow ui` serves it at, with the run
-id and the store in its description) and `training-summary` (markdown: final accuracy, best, rounds).
+The Prefect side: the flow run is tagged (`commit:`, `method:`, `algorithm:`, `seed:`, `grid:`;
+flows/tracking/names.py), its version is the git commit, and it ends with two artifacts, `mlflow-run` (a
+link to the MLflow run: the tracking server's URL, or for a sqlite store the URL `mlflow ui` serves it
+at, with the run id and the store in its description) and `training-summary` (markdown: final accuracy,
+best, rounds, and the MLflow run as a link to its page).
+
+The MLflow side: every summary figure logged (a child's ``final_accuracy``, a grid parent's table) is
+rounded by :func:`rounded`, so the UI shows no float noise; the params are the flattened config less
+what its dataset does not use (:func:`run_params`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from flows.tracking.names import flow_run_tags, identity_tags, method_label, mlf
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"  # where README's `mlflow ui ... --host 127.0.0.1` serves a sqlite store
 PREFECT_UI_DEFAULT = "http://127.0.0.1:4200"  # where README's `prefect server start --host 127.0.0.1` serves PREFECT_HOME
+SUMMARY_DIGITS = 6  # decimals of a logged summary figure (a fraction: 0.0001 percentage points)
+SYNTHETIC_PARAMS = "data.synthetic."  # the synthetic source's settings: params of runs on synthetic data only
 
 
 def git_commit(directory: Path = PROJECT_DIR) -> str:
@@ -71,14 +78,32 @@ class RunViews:
         return run_name(config, self.label)
 
     def flow_run_tags(self, config: ExperimentConfig) -> list[str]:
-        """The Prefect flow run's tags (flows.tracking.names.flow_run_tags)."""
-        return flow_run_tags(config, self.commit, self.grid)
+        """The Prefect flow run's tags (flows.tracking.names.flow_run_tags), `method:` its label."""
+        return flow_run_tags(config, self.commit, self.grid, self.label)
+
+    def mlflow_params(self, config: ExperimentConfig) -> dict[str, Any]:
+        """The MLflow run's params (:func:`run_params`)."""
+        return run_params(config)
 
     def mlflow_tags(self, config: ExperimentConfig, prefect_flow_run_id: str | None,
                     temporary_prefect: bool = False) -> dict[str, str]:
         """The MLflow run's tags (:func:`run_tags`), linking to the flow run `prefect_flow_run_id`."""
         return run_tags(config, self.experiment, self.commit, prefect_flow_run_id, self.label, self.grid,
                         self.parent_run_id, temporary_prefect=temporary_prefect)
+
+
+def rounded(value: float) -> float:
+    """A summary figure as MLflow logs it: `value` rounded to SUMMARY_DIGITS decimals
+    (0.7059200000000001 -> 0.70592), so the UI shows no float noise."""
+    return round(float(value), SUMMARY_DIGITS)
+
+
+def run_params(config: ExperimentConfig) -> dict[str, Any]:
+    """The MLflow run's params: the flattened config (``config.flat()``) less the synthetic source's
+    settings (``data.synthetic.*``) unless the run trains on synthetic data."""
+    keep_synthetic = config.data.dataset == "synthetic"
+    return {key: value for key, value in config.flat().items()
+            if keep_synthetic or not key.startswith(SYNTHETIC_PARAMS)}
 
 
 def run_figures(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -90,18 +115,22 @@ def run_figures(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "last_accuracy": float(max(history, key=lambda record: int(record["round"]))["test_accuracy"])}
 
 
-def accuracy_figure(history: Sequence[Mapping[str, Any]], metric: str):
-    """A small figure of test accuracy per round (matplotlib's Agg backend: no display needed)."""
+def accuracy_figure(history: Sequence[Mapping[str, Any]], metric: str, title: str):
+    """A small figure of test accuracy per round, titled `title` (the run's name: seed, method label,
+    setting), its round axis ticked at whole rounds only (matplotlib's Agg backend: no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     records = sorted(history, key=lambda record: int(record["round"]))
     figure, axes = plt.subplots(figsize=(4.0, 2.8), dpi=100)
     axes.plot([int(record["round"]) + 1 for record in records], [float(record["test_accuracy"]) for record in records],
               marker="o" if len(records) <= 30 else None, markersize=3)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("round")
+    axes.set_title(title, fontsize=8)
     axes.set_ylabel(f"test accuracy ({metric})", fontsize=8)
     axes.grid(alpha=0.3)
     figure.tight_layout()
@@ -151,13 +180,16 @@ def warn(what: str, error: BaseException) -> None:
     print(f"warning: {what} ({reason}); the run itself is complete", file=sys.stderr, flush=True)
 
 
-def summary_markdown(experiment: str, label: str, figures: Mapping[str, Any], mlflow_run_id: str | None) -> str:
-    """The flow run's `training-summary` artifact: its final figures as a small markdown table."""
+def summary_markdown(experiment: str, label: str, figures: Mapping[str, Any], mlflow_run_id: str | None,
+                     mlflow_url: str | None = None) -> str:
+    """The flow run's `training-summary` artifact: its final figures as a small markdown table, the
+    MLflow run a link to `mlflow_url` (its page, :func:`mlflow_run_url`) where that is known."""
+    run = f"[{mlflow_run_id}]({mlflow_url})" if mlflow_run_id and mlflow_url else mlflow_run_id
     rows = [("final accuracy (mean of the last 5 rounds)", f"{figures['final_accuracy']:.4f}"),
             ("best accuracy", f"{figures['best_accuracy']:.4f} (round {figures['best_round']})"),
             ("last round's accuracy", f"{figures['last_accuracy']:.4f}"),
             ("rounds", str(figures["rounds"])),
-            ("MLflow run", mlflow_run_id or "not tracked")]
+            ("MLflow run", run or "not tracked")]
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
     return f"### {experiment}: {label}\n\n| | |\n|---|---|\n{table}\n"
 
@@ -168,10 +200,12 @@ def publish_artifacts(experiment: str, label: str, figures: Mapping[str, Any], u
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
     try:
+        url = None
         if run_id is not None and experiment_id is not None:
-            create_link_artifact(mlflow_run_url(uri, experiment_id, run_id), link_text=f"MLflow run {run_id}",
+            url = mlflow_run_url(uri, experiment_id, run_id)
+            create_link_artifact(url, link_text=f"MLflow run {run_id}",
                                  key="mlflow-run", description=f"MLflow run {run_id} in {uri}")
-        create_markdown_artifact(summary_markdown(experiment, label, figures, run_id), key="training-summary",
+        create_markdown_artifact(summary_markdown(experiment, label, figures, run_id, url), key="training-summary",
                                  description=f"{experiment}: final accuracy {figures['final_accuracy']:.4f}")
     except Exception as error:  # noqa: BLE001
         warn("could not write the Prefect flow run's artifacts", error)
