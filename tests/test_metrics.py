@@ -153,22 +153,23 @@ def test_history_csv_of_two_rounds():
     text = history_csv(history)
 
     # Assert
-    assert text == (
-        "round,test_accuracy,test_loss,train_loss,round_seconds\n"
-        "1,0.5,1.25,0.1,2.0\n"
-        "2,0.625,1.0,0.3333333333333333,2.5\n"
+    assert text == (  # records written before the local accuracies: their cells empty
+        "round,test_accuracy,local_accuracy,local_accuracy_client_mean,local_accuracy_p10,test_loss,train_loss,"
+        "round_seconds\n"
+        "1,0.5,,,,1.25,0.1,2.0\n"
+        "2,0.625,,,,1.0,0.3333333333333333,2.5\n"
     )
 
 
-def test_split_summary_keeps_four_compared_figures_in_the_results_file_and_joins_back():
+def test_split_summary_keeps_five_compared_figures_in_the_results_file_and_joins_back():
     history = [{"round": r, "test_accuracy": 0.1 * (r + 1), "test_loss": 1.0, "train_loss": 0.5, "round_seconds": 2.0}
                for r in range(10)]
     entry = with_content_hash({**summarize(history, target_accuracy=0.5), "experiment": "e", "seed": 0})
 
     results, about = split_summary(entry)
 
-    assert results == {"final_accuracy": pytest.approx(0.8), "best_accuracy": 1.0, "rounds_to_target": 5,
-                       "accuracy_at": {"2/5": 0.4}}
+    assert results == {"final_accuracy": pytest.approx(0.8), "final_local_accuracy": None, "best_accuracy": 1.0,
+                       "rounds_to_target": 5, "accuracy_at": {"2/5": 0.4}}
     assert {"best_round", "final_loss", "rounds", "total_seconds", "experiment", "content_sha256"} <= set(about)
     assert about["accuracy_at"] == entry["accuracy_at"]
     assert {**results, **about} == entry

@@ -12,7 +12,8 @@ SECTION = MatchingRecord(pairs=[(3, 1)], evaluation_vectors={3: [0.5, 1.0]})
 
 def record(round_index: int = 2, **extra) -> RoundRecord:
     values = dict(round=round_index, selected=[3, 1], algorithm=SECTION,
-                  test_accuracy=0.25, test_loss=2.5, train_loss=1.5, per_class_accuracy=[0.0, 0.5],
+                  test_accuracy=0.25, local_accuracy=0.25, local_accuracy_client_mean=0.2, local_accuracy_p10=0.1,
+                  test_loss=2.5, train_loss=1.5, per_class_accuracy=[0.0, 0.5],
                   client_train_seconds=4.0, client_work_seconds=4.5, critical_client_seconds=2.5, samples_trained=80,
                   aggregated_clients=2, dropped_clients=0, failed_clients=0, rejected_clients=0, failures={},
                   phase_seconds=[1.0], aggregate_seconds=0.5, evaluate_seconds=0.25, round_seconds=5.0)
@@ -71,7 +72,8 @@ def test_the_round_number_people_read_counts_from_one():
 
 
 def test_metric_and_csv_names_derive_from_the_record():
-    assert RoundRecord.csv_columns() == ("round", "test_accuracy", "test_loss", "train_loss", "round_seconds")
+    assert RoundRecord.csv_columns() == ("round", "test_accuracy", "local_accuracy", "local_accuracy_client_mean",
+                                         "local_accuracy_p10", "test_loss", "train_loss", "round_seconds")
     names = RoundRecord.mlflow_metrics()  # grouped by prefix, so MLflow's charts group them
     assert list(names)[0] == "test_accuracy" and {"exchange_seconds", "rejected_clients"} <= set(names)
     assert not {"round", "selected", "algorithm", "failures", "per_class_accuracy", "phase_seconds"} & set(names)

@@ -29,7 +29,7 @@ def test_write_report_writes_markdown_figures_and_csv(tmp_path):
     markdown = (out / "results.md").read_text(encoding="utf-8")
     assert markdown.startswith("# FedCME results\n")
     assert "2 seeds (0, 1) in all" in markdown
-    assert "## Final test accuracy (Table II form)\n\n" + accuracy_table(grid_entries(), "final_accuracy") in markdown
+    assert "## Final test accuracy (Table II form)\n\n" + accuracy_table(grid_entries(), "final_accuracy", "final_local_accuracy") in markdown
     assert speed_table(grid_entries(), LOW) in markdown and paired_table(grid_entries(), LOW) in markdown
     assert "![accuracy](accuracy.png)" in markdown
     assert "## Ablations" not in markdown and "![matching]" not in markdown

@@ -7,7 +7,8 @@ history (one record per global round, ``round`` = 0..T-1, with ``test_accuracy``
 ``test_loss``, ``train_loss`` and ``round_seconds``) into:
 
 - :func:`summarize`: a JSON-ready dict with the final accuracy (mean of the last
-  ``final_window`` rounds, a choice of SPEC.md), the best accuracy and its round, the
+  ``final_window`` rounds, a choice of SPEC.md), the final local accuracy (the same mean of
+  ``local_accuracy``), the best accuracy and its round, the
   accuracy after round ceil(T * k / fractions) for k = 1..fractions, the rounds to reach a
   target accuracy and the total wall time;
 - :func:`history_csv`: the per-round CSV text that DVC plots and the report's figures read;
@@ -34,7 +35,8 @@ import numpy as np
 from fedcme_core.results.records import RoundRecord
 
 CSV_COLUMNS = RoundRecord.csv_columns()
-RECORD_KEYS = CSV_COLUMNS  # what a history record must hold for the summary and the CSV
+# What a history record must hold for the summary and the CSV (not the local accuracies: older records lack them).
+RECORD_KEYS = tuple(key for key in CSV_COLUMNS if key not in RoundRecord.optional_keys())
 
 
 def ordered_records(history: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -81,8 +83,9 @@ def summarize(
 
     Keys: ``rounds`` (T), ``final_window`` (the requested window), ``final_accuracy`` and
     ``final_loss`` (mean test accuracy / loss over the last ``final_window`` rounds, all of
-    them when T is smaller), ``best_accuracy`` and ``best_round`` (1-based, first round
-    reaching the best), ``accuracy_at`` ({"k/fractions": accuracy after round
+    them when T is smaller), ``final_local_accuracy`` (the mean ``local_accuracy`` over the same
+    rounds; None when one of them lacks it, a history written before it), ``best_accuracy``
+    and ``best_round`` (1-based, first round reaching the best), ``accuracy_at`` ({"k/fractions": accuracy after round
     ceil(T * k / fractions)}), ``target_accuracy`` and ``rounds_to_target`` (1-based rounds
     until test accuracy first reaches the target; None if it never does or there is no
     target) and ``total_seconds`` (sum of round_seconds).
@@ -111,10 +114,12 @@ def summarize(
             None,
         )
 
+    local = [record.get("local_accuracy") for record in window]
     return {
         "rounds": total_rounds,
         "final_window": final_window,
         "final_accuracy": float(np.mean([float(record["test_accuracy"]) for record in window])),
+        "final_local_accuracy": None if None in local else float(np.mean([float(value) for value in local])),
         "final_loss": float(np.mean([float(record["test_loss"]) for record in window])),
         "best_accuracy": best_accuracy,
         "best_round": best_position + 1,
@@ -126,11 +131,12 @@ def summarize(
 
 
 def history_csv(history: Sequence[Mapping[str, Any]]) -> str:
-    """The history as CSV text (header + one line per round, round 1-based, floats in repr form)."""
+    """The history as CSV text (header + one line per round, round 1-based, floats in repr form; a figure
+    the record lacks, such as the local accuracy of a round written before it, is an empty cell)."""
     lines = [",".join(CSV_COLUMNS)]
     for record in ordered_records(history):
         values = [str(int(record["round"]) + 1)]
-        values += [repr(float(record[column])) for column in CSV_COLUMNS[1:]]
+        values += ["" if record.get(column) is None else repr(float(record[column])) for column in CSV_COLUMNS[1:]]
         lines.append(",".join(values))
     return "\n".join(lines) + "\n"
 
@@ -149,10 +155,11 @@ def with_content_hash(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # What `dvc metrics show` compares, one column each (fractions; rounds_to_target in rounds), so that
-# its table fits a terminal: the final accuracy, the best, the accuracy after round ceil(2T/5) and the
-# rounds to the target. Everything else of a summary (what names the run, its other figures) goes to
-# the about/ file; that file keeps the whole ``accuracy_at`` too, so the two join by a plain dict update.
-RESULT_KEYS = ("final_accuracy", "best_accuracy", "rounds_to_target")
+# its table fits a terminal: the final accuracy, the final local accuracy (None for a run written before
+# it), the best, the accuracy after round ceil(2T/5) and the rounds to the target. Everything else of
+# a summary (what names the run, its other figures) goes to the about/ file; that file keeps the whole
+# ``accuracy_at`` too, so the two join by a plain dict update.
+RESULT_KEYS = ("final_accuracy", "final_local_accuracy", "best_accuracy", "rounds_to_target")
 COMPARED_FRACTION = "2/5"
 
 

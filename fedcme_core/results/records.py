@@ -42,6 +42,15 @@ class RoundRecord:
     selected: list[int]
     algorithm: RecordSection  # the algorithm's own section (Algorithm.server_record)
     test_accuracy: float = field(metadata=metric("eval/test_accuracy", csv=True))
+    # The global model on each client's test share (fedcme_core.client.evaluation.local_accuracy), weighted
+    # by share size (the test accuracy again, up to the classes no client trains on), each client once, and
+    # the 10th-percentile client; None in a record written before them.
+    local_accuracy: float | None = field(
+        default=None, kw_only=True, metadata=metric("eval/local_accuracy", csv=True))
+    local_accuracy_client_mean: float | None = field(
+        default=None, kw_only=True, metadata=metric("eval/local_accuracy_client_mean", csv=True))
+    local_accuracy_p10: float | None = field(
+        default=None, kw_only=True, metadata=metric("eval/local_accuracy_p10", csv=True))
     test_loss: float = field(metadata=metric("eval/test_loss", csv=True))
     train_loss: float = field(metadata=metric("train/loss", csv=True))  # the clients' last-epoch loss, weighted by D_k
     per_class_accuracy: list[float]
@@ -97,6 +106,11 @@ class RoundRecord:
     def csv_columns(cls) -> tuple[str, ...]:
         """``round`` (1-based) and the per-round figures the plots and the report read."""
         return ("round", *(item.name for item in dataclasses.fields(cls) if item.metadata.get("csv")))
+
+    @classmethod
+    def optional_keys(cls) -> frozenset[str]:
+        """The figures a stored record may lack (None, or written before they existed): local_accuracy ..."""
+        return frozenset(item.name for item in dataclasses.fields(cls) if item.default is None)
 
 
 # The phase times of a record written before they were a list: the first phase, and every later one summed.

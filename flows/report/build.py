@@ -112,7 +112,10 @@ def report_markdown(
             f"Each cell: mean ± sample std over seeds, (n) = the number of seeds; {seeds_description(entries)} "
             f"in all. Within a seed, every method trains on the same partition from the same initial model, "
             f"so methods are compared seed by seed (paired). Final accuracy = mean test accuracy of "
-            f"{final_window_description(entries)} of each run. Table III form = test accuracy after round "
+            f"{final_window_description(entries)} of each run; local = the same mean of the local accuracy, "
+            f"the global model's accuracy on each client's share of the test set (its training label mix), "
+            f"weighted by share size, which for one global model is the test accuracy again up to the classes "
+            f"no client trains on (– for runs recorded before it). Table III form = test accuracy after round "
             f"ceil(k T / n) at {fraction_text} (the \"last round (T)\" column is that one round's accuracy, not "
             f"the final accuracy); rounds to target = the first round whose test accuracy "
             f"reaches the target (averaged over the seeds that reach it; (r/n) when only r of n do). "
@@ -121,7 +124,7 @@ def report_markdown(
         ),
         compute_description(entries),
         "## Final test accuracy (Table II form)\n",
-        accuracy_table(main_entries, "final_accuracy"),
+        accuracy_table(main_entries, "final_accuracy", "final_local_accuracy"),
     ]
     if published:
         parts += ["## Beside the published figures\n", published_table(entries, published)]

@@ -40,7 +40,7 @@ CONFIG_COLUMNS = ("partition", "model", "lr", "batch_size", "classifier_layers",
 COMPUTE_COLUMNS = ("compute", "device", "machine")
 CSV_COLUMNS = (
     "grid", "method", "label", "dataset", "partition", "alpha", "num_clients", "clients_per_round", "local_epochs",
-    *CONFIG_COLUMNS[1:], "rounds", "seed", *ACCURACY_KEYS, *COMPUTE_COLUMNS,
+    *CONFIG_COLUMNS[1:], "rounds", "seed", *ACCURACY_KEYS, "final_local_accuracy", *COMPUTE_COLUMNS,
 )
 
 
@@ -187,6 +187,7 @@ def summary_csv(entries: Sequence[Mapping[str, Any]], grid: str,
             "" if entry["alpha"] is None else entry["alpha"], entry["num_clients"], entry["clients_per_round"],
             entry["local_epochs"], *(trained.get(key, "") for key in CONFIG_COLUMNS[1:]), entry["rounds"],
             entry["seed"], *(fraction_text(value_of(entry, key)) for key in ACCURACY_KEYS.values()),
+            fraction_text(value_of(entry, "final_local_accuracy")),  # empty for runs written before it
             *(entry.get(key, "") for key in COMPUTE_COLUMNS),
         ])
     return buffer.getvalue()

@@ -57,19 +57,22 @@ def markdown_table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[Cel
     return "\n".join(lines) + "\n"
 
 
-def accuracy_table(entries: Sequence[Mapping[str, Any]], key: str) -> str:
+def accuracy_table(entries: Sequence[Mapping[str, Any]], key: str, local_key: str | None = None) -> str:
     """Methods x settings, entry[key] in percent (each setting's header says so), mean ± std (n) over seeds
-    (Table II form)."""
+    (Table II form); with `local_key`, each setting's column is followed by entry[local_key]'s ("local (%)"),
+    an en dash where no seed of the cell has it (runs written before the local accuracy)."""
     if not entries:
         return "_No experiments._\n"
     cells = cells_by_seed(entries)
     settings = unique_in_order([entry["setting"] for entry in entries])
+    keys = [key] if local_key is None else [key, local_key]
     rows = [
-        (method, [stats_cell(seed_stats(cells[(method, setting)], key)) if (method, setting) in cells
-                  else (MISSING_CELL, None) for setting in settings])
+        (method, [stats_cell(seed_stats(cells[(method, setting)], measure)) if (method, setting) in cells
+                  else (MISSING_CELL, None) for setting in settings for measure in keys])
         for method in unique_in_order([entry["method"] for entry in entries])
     ]
-    return markdown_table(["Method", *(f"{setting} (%)" for setting in settings)], rows, [False] * len(settings))
+    header = [f"{setting} {'local ' if measure == local_key else ''}(%)" for setting in settings for measure in keys]
+    return markdown_table(["Method", *header], rows, [False] * len(header))
 
 
 def fraction_column_name(fraction_key: str) -> str:
