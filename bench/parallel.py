@@ -219,7 +219,7 @@ def main() -> None:
         # Largest client first, as `rounds.run_round` hands a phase's clients to the workers
         # (read from the file: the layouts' start-up below still loads the run's partition).
         sizes = [len(indices) for indices in load_partition(rounds.RunPaths(run_dir).partition).clients]
-        clients = rounds.largest_first(rounds.select_step(config, 0), sizes)
+        clients = rounds.largest_first(list(rounds.select_step(config, 0).clients), sizes)
 
         started_layouts, startup = {}, {}
         try:

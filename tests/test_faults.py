@@ -149,7 +149,7 @@ class FlakyTraining:
 
 
 def first_client_of_round_zero(config) -> int:
-    return rounds.select_step(config, 0)[0]
+    return rounds.select_step(config, 0).clients[0]
 
 
 def test_a_client_that_fails_once_is_retried_and_changes_nothing(tmp_path, synthetic_config, monkeypatch):

@@ -90,7 +90,7 @@ class InspectingExecutor(SerialExecutor):
             config, run_dir, round_index, donors = args
             paths = RunPaths(run_dir)
             for receiver, donor in donors.items():
-                phase_two = load_checkpoint(result[receiver])["model"]
+                phase_two = load_checkpoint(result.starts[receiver])["model"]
                 donor_swap = load_checkpoint(paths.swap_checkpoint(round_index, donor))["model"]
                 own_swap = load_checkpoint(paths.swap_checkpoint(round_index, receiver))["model"]
                 assert torch.equal(phase_two["classifier.weight"], donor_swap["classifier.weight"])

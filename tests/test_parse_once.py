@@ -16,6 +16,7 @@ import flows.orchestration.train
 from fedcme_core.config import load_config
 from fedcme_core.config.params import ParamsFile, load_params
 from fedcme_core.config.schema import ExperimentConfig
+from fedcme_core.rounds import run_record
 from flows.orchestration.tasks import PrefectExecutor
 
 from .conftest import REPO_ROOT
@@ -124,12 +125,16 @@ def test_fedcme_train_parses_its_config_once_and_a_resumed_run_reads_nothing_bac
     monkeypatch.setattr("fedcme_core.config.load_config", lambda *a, **k: loaded.append(load(*a, **k)) or loaded[-1])
     command = ["train", "--config", str(path), "--experiment", "once", *TINY]
 
+    records_read: list[str] = []  # compute.json and partition.npz read from disk
+    for cache in (run_record._COMPUTE, run_record._PARTITION):
+        monkeypatch.setattr(cache, "load", lambda path, load=cache.load: records_read.append(path.name) or load(path))
     for attempt in ("new run", "resumed run"):  # the second reopens the config.json this process wrote
         parses.reset()
         assert main(command) == 0, attempt
         (config,) = loaded[-1:]
         expected = (1, 1, 0) if kind == "config file" else (1, 0, 1)  # a params file: its base within it
         assert (parses.file_reads, parses.validations, parses.params_validations) == expected, attempt
+        assert records_read == [], attempt  # what the process wrote, it never reads back
         # The very object the command validated reaches the flow and the round loop's tasks.
         assert parses.passed_down(config), attempt
     assert len(loaded) == 2 and (workdir / "runs" / "once" / "config.json").is_file()

@@ -135,21 +135,40 @@ def test_the_grid_run_is_one_mlflow_parent_with_its_experiments_nested_and_the_r
     assert sorted(child.data.tags["experiment"] for child in children) == sorted(EXPERIMENTS)
     assert {child.info.run_id for child in children} == set(recorded_runs(workdir).values())
     for child in children:  # each experiment's own run, with its grouped per-round metrics
+        experiment = child.data.tags["experiment"]
         assert child.info.status == "FINISHED"
         assert [m.step for m in client.get_metric_history(child.info.run_id, "eval/test_accuracy")] == [1, 2]
         assert {"train/loss", "final_accuracy"} <= set(child.data.metrics)
+        # The chart view's bar chart: one point per run at step 0, rounded (no float noise).
+        (final,) = client.get_metric_history(child.info.run_id, "final_accuracy")
+        assert final.step == 0 and final.value == round(final.value, 6)
+        assert child.info.run_name.startswith("s0 ") and child.info.run_name.endswith(" · fmnist α=0.5 K100 M2")
+        assert not [key for key in child.data.params if key.startswith("data.synthetic.")]  # fmnist: none
+        (model,) = client.search_logged_models([experiment_id], f"source_run_id = '{child.info.run_id}'")
+        assert model.name == experiment.replace(".", "_")
+        matching = [item.path for item in client.list_artifacts(child.info.run_id, "matching")]
+        if experiment in (EXPERIMENTS[0], EXPERIMENTS[2]):  # FedAvg, SCAFFOLD: no matching, no round files
+            assert matching == []
+        elif experiment == EXPERIMENTS[1]:
+            assert matching == ["matching/round-0001.json", "matching/round-0002.json"]
     # The report: the table, the CSV, the figures and the summary files as artifacts of the parent.
     assert [item.path for item in client.list_artifacts(parent.info.run_id, "reports")] == [
-        "reports/figures", "reports/results.csv", "reports/results.md", "reports/summary"]
+        "reports/figures", "reports/methods.json", "reports/results.csv", "reports/results.md", "reports/summary"]
     figures = [item.path for item in client.list_artifacts(parent.info.run_id, "reports/figures")]
     assert {"reports/figures/accuracy.png", "reports/figures/accuracy-ablation.png"} <= set(figures)
-    # The summary metrics per method, fractions as the report's summary files hold them (one seed: no std).
+    # The per-method summary: a table and tags of the parent, fractions as the report's summary files hold
+    # them (one seed: no std), and no metric, so MLflow's chart view opens on the children's.
+    assert parent.data.metrics == {} and parent.data.tags["experiments"] == "4"
+    table = json.loads(Path(client.download_artifacts(parent.info.run_id, "reports/methods.json",
+                                                      str(workdir / "downloaded"))).read_text())
+    rows = {row[0]: dict(zip(table["columns"], row)) for row in table["data"]}
+    assert sorted(rows) == sorted(METHODS)
     for method in METHODS:
         summary = json.loads((workdir / "reports" / "summary" / f"{method}.json").read_text())
-        assert parent.data.metrics[f"final_accuracy/{method}"] == pytest.approx(summary["final_accuracy"])
-        assert 0 < parent.data.metrics[f"final_accuracy/{method}"] <= 1
-        assert parent.data.metrics[f"seeds/{method}"] == 1
-    assert not any(name.startswith("final_accuracy_std/") for name in parent.data.metrics)
+        assert rows[method]["final_accuracy"] == pytest.approx(summary["final_accuracy"], abs=1e-6)
+        assert 0 < rows[method]["final_accuracy"] <= 1 and rows[method]["seeds"] == 1
+        assert rows[method]["final_accuracy_std"] is None
+        assert parent.data.tags[f"summary/{method}"].startswith(f"{rows[method]['label']}: final ")
 
 
 def test_check_run_passes_a_finished_grid_and_names_what_is_missing(pipeline):
@@ -204,9 +223,9 @@ def test_metrics_are_numbers_and_the_summary_has_every_method(pipeline):
     assert all(0 <= value <= 1 for name, values in files.items() for key, value in flat_values(values)
                if "accuracy" in key and value is not None)
     columns = {key for values in files.values() for key, _ in flat_values(values)}
-    # Four columns in all (rounds_to_target is null, so not listed, where no run reached the target).
-    assert {"final_accuracy", "best_accuracy", "accuracy_at.2/5"} <= columns <= {
-        "final_accuracy", "best_accuracy", "accuracy_at.2/5", "rounds_to_target"}
+    # Five columns in all (rounds_to_target is null, so not listed, where no run reached the target).
+    assert {"final_accuracy", "final_local_accuracy", "best_accuracy", "accuracy_at.2/5"} <= columns <= {
+        "final_accuracy", "final_local_accuracy", "best_accuracy", "accuracy_at.2/5", "rounds_to_target"}
     fedavg = json.loads((workdir / "metrics" / f"{EXPERIMENTS[0]}.json").read_text())["final_accuracy"]
     assert files["reports/summary/fedavg.json"]["final_accuracy"] == pytest.approx(fedavg, abs=1e-6)
 

@@ -73,5 +73,5 @@ def test_reopening_a_run_on_another_device_is_refused_before_anything_changes(tm
         rounds.prepare_run(config, run_dir)
     assert paths.compute.read_bytes() == before
 
-    assert rounds.prepare_run(config, run_dir, allow_device_change=True) == 0
+    assert rounds.prepare_run(config, run_dir, allow_device_change=True).completed_rounds == 0
     assert json.loads(paths.compute.read_text())["device"]["type"] == "cpu"  # calibrated anew for the CPU

@@ -65,7 +65,7 @@ def test_enospc_in_a_client_stops_the_run_naming_the_path_and_is_not_a_client_fa
         tmp_path, synthetic_config, finished_run, monkeypatch):
     config = synthetic_config({"federation.rounds": 3, "runner.retries": 2})
     straight, straight_dir = finished_run({"federation.rounds": 3, "runner.retries": 2})
-    client = rounds.select_step(config, 1)[0]
+    client = rounds.select_step(config, 1).clients[0]
     full = FullDiskForClient(client, round_index=1)
     monkeypatch.setattr(rounds.loop, "train_phase_step", full)
     run_dir = tmp_path / "run"

@@ -20,13 +20,14 @@ from fedcme_core.rounds.setup import (
     final_model,
     load_experiment_dataset,
     new_model,
+    PreparedRun,
     prepare_run,
     resolve_run_compute,
     run_compute,
     run_partition,
     split_line,
 )
-from fedcme_core.rounds.state import Aggregate, Evaluation, PhaseResult, ServerState
+from fedcme_core.rounds.state import Aggregate, Evaluation, Exchange, PhaseResult, Selection, ServerState
 from fedcme_core.rounds.steps import (
     aggregate_step,
     commit_round,
@@ -50,7 +51,7 @@ from fedcme_core.rounds.store import (
 )
 
 __all__ = [
-    "Aggregate", "Evaluation", "Executor", "PhaseResult", "RecoveryWarning", "ServerState", "RunError", "RunPaths", "SerialExecutor", "aggregate_step", "available_cores",
+    "Aggregate", "Evaluation", "Exchange", "Executor", "PhaseResult", "PreparedRun", "Selection", "RecoveryWarning", "ServerState", "RunError", "RunPaths", "SerialExecutor", "aggregate_step", "available_cores",
     "balanced_groups", "check_experiment_name", "commit_round", "completed_rounds", "evaluate_step",
     "exchange_step", "experiment_run_dir", "experiment_subset", "final_model", "largest_first",
     "last_intact_round", "load_experiment_dataset", "load_server_state", "make_partition", "match_step",

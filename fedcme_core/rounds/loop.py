@@ -20,7 +20,7 @@ from fedcme_core.results.records import RoundRecord
 from fedcme_core.rounds import run_record, store
 from fedcme_core.rounds.device import release_resident
 from fedcme_core.rounds.executors import Executor, SerialExecutor, largest_first
-from fedcme_core.rounds.setup import prepare_run
+from fedcme_core.rounds.setup import PreparedRun, prepare_run
 from fedcme_core.rounds.state import PhaseResult
 from fedcme_core.rounds.steps import (
     aggregate_step,
@@ -48,7 +48,7 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
         timings[name].append(time.perf_counter() - started)
         return result
 
-    selected = executor.call("select", select_step, config, round_index)
+    selected = list(executor.call("select", select_step, config, round_index).clients)
     matching = executor.call("match", match_step, config, run_dir, round_index, selected)
     # Simulated availability: the server matched them, but they never train this round.
     dropped = dropped_clients(selected, config.federation.dropout, seed=config.seed, round_index=round_index)
@@ -95,6 +95,9 @@ def run_round(config: ExperimentConfig, run_dir: str | Path, round_index: int, e
         selected=[int(client) for client in selected],
         algorithm=aggregate.record,  # the algorithm's own section (its matching, its uploads)
         test_accuracy=evaluation.test_accuracy,
+        local_accuracy=evaluation.local_accuracy,
+        local_accuracy_client_mean=evaluation.local_accuracy_client_mean,
+        local_accuracy_p10=evaluation.local_accuracy_p10,
         test_loss=evaluation.test_loss,
         train_loss=aggregate.train_loss,
         per_class_accuracy=evaluation.per_class_accuracy,
@@ -124,19 +127,21 @@ def run_experiment(
     executor: Executor | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     partition_file: str | Path | None = None,
-    on_start: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_start: Callable[[list[dict[str, Any]], PreparedRun], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Train for config.federation.rounds rounds, resuming a partial run; returns the history.
 
-    `on_start` receives the history of the rounds already committed (a resumed run),
-    `on_round` each new round's record after its commit. On every exit the process's resident copies
+    `on_start` receives the history of the rounds already committed (a resumed run) and the run as
+    the prepare step made it ready (:class:`~fedcme_core.rounds.setup.PreparedRun`: its layout,
+    precision and device, its partition), `on_round` each new round's record after its commit. On every exit the process's resident copies
     of the training set are released (:func:`fedcme_core.rounds.device.release_resident`).
     """
     executor = executor or SerialExecutor()
     run_dir = str(run_dir)
-    executor.call("prepare", prepare_run, config, run_dir, None if partition_file is None else str(partition_file))
+    prepared = executor.call("prepare", prepare_run, config, run_dir,
+                             None if partition_file is None else str(partition_file))
     if on_start is not None:
-        on_start(store.load_server_state(run_dir, store.completed_rounds(run_dir))["history"])
+        on_start(store.load_server_state(run_dir, prepared.completed_rounds)["history"], prepared)
     try:
         for round_index in range(store.completed_rounds(run_dir), config.federation.rounds):
             record = run_round(config, run_dir, round_index, executor)

@@ -4,8 +4,8 @@ paths and the states are :mod:`fedcme_core.rounds.store`'s."""
 
 from __future__ import annotations
 
-import functools
 import json
+import threading
 from pathlib import Path
 
 import torch
@@ -84,37 +84,70 @@ def recorded_config(run_dir: str | Path, rounds: int) -> ExperimentConfig:
     return config_from_dict(values, source=str(path))
 
 
-def write_compute_choice(run_dir: str | Path, choice: ComputeChoice) -> None:
-    payload = json.dumps(choice.to_json(), indent=2, sort_keys=True) + "\n"
-    atomic_write_bytes(RunPaths(run_dir).compute, payload.encode("utf-8"))
+class RecordCache:
+    """A run record's value per file, kept while the file is unchanged (its path and modification
+    time), for the last `size` files: each process reads a record once, and the process that wrote
+    it (:meth:`remember`) never reads it back."""
+
+    def __init__(self, load, size: int = 4) -> None:
+        self.load, self.size = load, size
+        self.values: dict[str, tuple[int, object]] = {}
+        self._lock = threading.Lock()  # a runner's client threads share the process's records
+
+    def get(self, path: Path):
+        modified = path.stat().st_mtime_ns  # FileNotFoundError: the caller's to name
+        kept = self.values.get(str(path))
+        if kept is not None and kept[0] == modified:
+            return kept[1]
+        return self.remember(path, self.load(path), modified)
+
+    def remember(self, path: Path, value, modified: int | None = None):
+        """Keep `value` as the content of `path` (just written by this process); returns it."""
+        modified = path.stat().st_mtime_ns if modified is None else modified
+        with self._lock:
+            self.values.pop(str(path), None)
+            self.values[str(path)] = (modified, value)
+            while len(self.values) > self.size:
+                del self.values[next(iter(self.values))]
+        return value
 
 
-def run_compute_choice(run_dir: str | Path) -> ComputeChoice:
-    """The run's recorded layout and precision with how they were chosen (read once per process)."""
-    path = RunPaths(run_dir).compute
+def _read_compute(path: Path) -> ComputeChoice:
     try:
-        return _cached_compute(str(path), path.stat().st_mtime_ns)
-    except FileNotFoundError:
-        raise RunError(f"{path}: missing; the run directory was not prepared (prepare_run)") from None
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_compute(path: str, modified_ns: int) -> ComputeChoice:
-    try:
-        return ComputeChoice.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        return ComputeChoice.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (ValueError, KeyError, TypeError) as error:
         raise RunError(f"{path}: not a valid compute record ({error})") from None
 
 
+_COMPUTE = RecordCache(_read_compute)
+_PARTITION = RecordCache(load_partition)
+
+
+def write_compute_choice(run_dir: str | Path, choice: ComputeChoice) -> None:
+    path = RunPaths(run_dir).compute
+    atomic_write_bytes(path, (json.dumps(choice.to_json(), indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    _COMPUTE.remember(path, choice)
+
+
+def run_compute_choice(run_dir: str | Path) -> ComputeChoice:
+    """The run's recorded layout and precision with how they were chosen (read once per process, and
+    never by the process that wrote it)."""
+    path = RunPaths(run_dir).compute
+    try:
+        return _COMPUTE.get(path)
+    except FileNotFoundError:
+        raise RunError(f"{path}: missing; the run directory was not prepared (prepare_run)") from None
+
+
+def remember_partition(run_dir: str | Path, partition: Partition) -> None:
+    """Keep `partition` as the run's saved partition (just saved or verified by this process)."""
+    _PARTITION.remember(RunPaths(run_dir).partition, partition)
+
+
 def run_partition_file(run_dir: str | Path) -> Partition:
-    """The run's saved partition (read once per process while the file is unchanged)."""
-    path = RunPaths(run_dir).partition
-    return _load_run_partition(str(path), path.stat().st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=4)
-def _load_run_partition(path: str, modified_ns: int) -> Partition:
-    return load_partition(Path(path))
+    """The run's saved partition (read once per process while the file is unchanged, and never by the
+    process that saved it)."""
+    return _PARTITION.get(RunPaths(run_dir).partition)
 
 
 def run_device(config, run_dir: str | Path) -> torch.device:

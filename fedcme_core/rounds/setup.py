@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -124,15 +125,27 @@ def checked_partition(config: ExperimentConfig, run_dir: str | Path, partition_f
     return partition
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """What :func:`prepare_run` made ready, as plain data (the step may run on another worker):
+    the rounds already committed, the run's layout, precision and device with how they were chosen
+    (``compute.json``'s record), and the partition's identity."""
+
+    completed_rounds: int
+    compute: ComputeChoice
+    partition_hash: str  # Partition.content_hash
+    partition_method: str  # Partition.params["method"]
+
+
 def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: str | Path | None = None,
-                allow_device_change: bool = False) -> int:
+                allow_device_change: bool = False) -> PreparedRun:
     """Create (or reopen) a run directory: config, partition, the round-0 server state.
 
     Reopening with a different config is refused, so a resumed run is the same experiment; so is
     reopening it on another device than it trained on (one line naming both,
     :func:`fedcme_core.rounds.run_record.device_change`), unless `allow_device_change`, which prints
     that line and calibrates the layout and precision anew for the new device.
-    Returns the number of rounds already completed.
+    Returns the run as prepared (:class:`PreparedRun`): its caller needs read nothing back.
     """
     paths = RunPaths(run_dir)
     if paths.config.exists():
@@ -145,20 +158,25 @@ def prepare_run(config: ExperimentConfig, run_dir: str | Path, partition_file: s
         if partition is None:
             partition = make_partition(labels, config.partition, config.federation.num_clients, config.seed)
         save_partition(partition, paths.partition)
+    run_record.remember_partition(run_dir, partition)
+    choice = None
     if paths.compute.exists():  # a resumed run keeps the layout and precision it chose, on its device
         change = run_record.device_change(run_dir, resolve_device(config.device), allow_device_change)
-        if change is not None:
+        if change is None:
+            choice = run_record.run_compute_choice(run_dir)  # an earlier process's record
+        else:
             print(f"{change}; calibrating the layout and precision again", flush=True)
-            run_record.write_compute_choice(run_dir, resolve_run_compute(config, dataset.num_classes))
-    else:
-        run_record.write_compute_choice(run_dir, resolve_run_compute(config, dataset.num_classes))
+    if choice is None:
+        choice = resolve_run_compute(config, dataset.num_classes)
+        run_record.write_compute_choice(run_dir, choice)
     run_record.write_config(config, run_dir)
     if store.completed_rounds(paths.root) == 0 and not paths.server_state(0).exists():
         model_state = new_model(config, dataset.num_classes, torch.device("cpu")).state_dict()
         algorithm = build_algorithm(config.algorithm)
         store.write_initial_server_state(run_dir, ServerState(round=0, model=model_state, client_state_rounds={},
                                                               algorithm=algorithm.server_init(model_state), history=()))
-    return store.completed_rounds(paths.root)
+    return PreparedRun(completed_rounds=store.completed_rounds(paths.root), compute=choice,
+                       partition_hash=partition.content_hash, partition_method=str(partition.params["method"]))
 
 
 def final_model(config: ExperimentConfig, run_dir: str | Path) -> SplitModel:

@@ -50,6 +50,25 @@ class ServerState:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """The select step (SPEC step 1): the M clients of round t, in the sampler's order."""
+
+    clients: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """The exchange step (SPEC step 5): receiver -> the checkpoint its next phase starts from (its
+    counterpart's classifier, or what the algorithm exchanges, on its own swap checkpoint)."""
+
+    starts: Mapping[int, str]
+
+    def start(self, client_id: int, own_checkpoint: str) -> str:
+        """Where `client_id`'s next phase starts: what the exchange wrote for it, else `own_checkpoint`."""
+        return self.starts.get(client_id, own_checkpoint)
+
+
+@dataclass(frozen=True)
 class PhaseResult:
     """One client's local phase (the train-phase step): its time training (`seconds`), its time with the
     step-7 report of the last phase (`work_seconds`), the samples it trained on (D_k x epochs) and its
@@ -76,8 +95,13 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The evaluate step: w^{t+1} on the test set."""
+    """The evaluate step: w^{t+1} on the test set, and on each client's share of it
+    (:func:`fedcme_core.client.evaluation.local_accuracy`: weighted by share size, each client once, the
+    10th-percentile client; None when no client has a share)."""
 
     test_accuracy: float
     test_loss: float
     per_class_accuracy: list[float]
+    local_accuracy: float | None = None
+    local_accuracy_client_mean: float | None = None
+    local_accuracy_p10: float | None = None

@@ -28,22 +28,24 @@ from fedcme_core.results.records import RoundRecord
 from fedcme_core.data.augment import augmentation
 from fedcme_core.common.checkpoints import CheckpointError
 from fedcme_core.config.schema import ExperimentConfig
-from fedcme_core.client.evaluation import evaluate
+from fedcme_core.client.evaluation import evaluate, local_accuracy
 from fedcme_core.server.faults import require_enough_clients, update_problem
 from fedcme_core.client.device_flags import configure_device
 from fedcme_core.common.seeding import torch_generator
 from fedcme_core.client.training import load_local_run, save_local_run, start_local_run, train_epochs
 from fedcme_core.rounds import run_record, store
 from fedcme_core.rounds.device import client_data, worker_stream
+from fedcme_core.rounds.run_shares import run_test_shares
 from fedcme_core.rounds.setup import available_cores, load_experiment_dataset, new_model, run_compute, run_partition
-from fedcme_core.rounds.state import Aggregate, Evaluation, PhaseResult, ServerState
+from fedcme_core.rounds.state import Aggregate, Evaluation, Exchange, PhaseResult, Selection, ServerState
 from fedcme_core.rounds.store import RunError, RunPaths
 
 
-def select_step(config: ExperimentConfig, round_index: int) -> list[int]:
+def select_step(config: ExperimentConfig, round_index: int) -> Selection:
     """SPEC step 1: M of K clients, seeded by (seed, round)."""
     federation = config.federation
-    return select_clients(federation.num_clients, federation.clients_per_round, seed=config.seed, round_index=round_index)
+    return Selection(tuple(int(client) for client in select_clients(
+        federation.num_clients, federation.clients_per_round, seed=config.seed, round_index=round_index)))
 
 
 def match_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, selected: list[int]) -> Matching:
@@ -133,20 +135,20 @@ def train_phase_step(
     return result
 
 
-def exchange_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, donors: dict[int, int]) -> dict[int, str]:
-    """SPEC step 5 (barrier): returns each receiver's phase-2 start checkpoint."""
+def exchange_step(config: ExperimentConfig, run_dir: str | Path, round_index: int, donors: dict[int, int]) -> Exchange:
+    """SPEC step 5 (barrier): returns each receiver's next-phase start checkpoint."""
     paths = RunPaths(run_dir)
     clients = {*donors, *donors.values()}
     sources = {client: paths.swap_checkpoint(round_index, client) for client in clients}
     destinations = {client: paths.exchanged_checkpoint(round_index, client) for client in donors}
     received = build_algorithm(config.algorithm).exchange(sources, donors, destinations)
-    return {client: str(destinations[client]) for client in received}
+    return Exchange({client: str(destinations[client]) for client in received})
 
 
-def later_phase_start(run_dir: str | Path, round_index: int, client_id: int, exchanged: dict[int, str]) -> str:
+def later_phase_start(run_dir: str | Path, round_index: int, client_id: int, exchanged: Exchange) -> str:
     """Where a client's phase after the first starts: the checkpoint the exchange before it wrote for
-    the client (`exchanged`: receiver -> checkpoint), else its own swap checkpoint."""
-    return exchanged.get(client_id, str(RunPaths(run_dir).swap_checkpoint(round_index, client_id)))
+    the client, else its own swap checkpoint."""
+    return exchanged.start(client_id, str(RunPaths(run_dir).swap_checkpoint(round_index, client_id)))
 
 
 def usable_uploads(config: ExperimentConfig, run_dir: str | Path, round_index: int,
@@ -197,10 +199,13 @@ def aggregate_step(config: ExperimentConfig, run_dir: str | Path, round_index: i
 
 
 def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: int) -> Evaluation:
-    """Test-set accuracy and loss of the aggregated global model w^{t+1}.
+    """Test-set accuracy and loss of the aggregated global model w^{t+1}, and its local accuracy.
 
     The round's clients have finished, so the evaluation takes every core of its machine, a batch
-    per core on one thread each (`evaluate`), which gives the one-thread figures on any CPU.
+    per core on one thread each (`evaluate`), which gives the one-thread figures on any CPU. The same
+    pass's per-sample correctness scores w^{t+1} on each client's test share (`run_test_shares`,
+    `local_accuracy`): weighted by share size that is the test accuracy again (exactly, when every class
+    is trained on by some client); the client mean and the 10th-percentile client are the new figures.
     """
     dataset = load_experiment_dataset(config.data, config.seed)
     compute = run_compute(run_dir)
@@ -208,9 +213,14 @@ def evaluate_step(config: ExperimentConfig, run_dir: str | Path, round_index: in
     configure_device(device, compute.precision)
     model = new_model(config, dataset.num_classes, device, compute)
     model.load_state_dict(store.held_aggregate(run_dir, round_index).model)
-    result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes, workers=available_cores())
+    result = evaluate(model, dataset.x_test, dataset.y_test, dataset.num_classes, workers=available_cores(),
+                      per_sample=True)
+    local = local_accuracy(result.correct, run_test_shares(config, run_dir))
     return Evaluation(test_accuracy=result.accuracy, test_loss=result.loss,
-                      per_class_accuracy=[float(value) for value in result.per_class_accuracy])
+                      per_class_accuracy=[float(value) for value in result.per_class_accuracy],
+                      local_accuracy=None if local is None else local.weighted,
+                      local_accuracy_client_mean=None if local is None else local.client_mean,
+                      local_accuracy_p10=None if local is None else local.p10)
 
 
 def commit_round(config: ExperimentConfig, run_dir: str | Path, round_index: int,

@@ -35,16 +35,15 @@ from prefect.runtime import flow_run
 
 from fedcme_core.client.evaluation import torch_threads
 from fedcme_core.config.schema import ExperimentConfig
-from fedcme_core.data.partition_file import load_partition
 from fedcme_core.results.records import round_line
 from fedcme_core.rounds import (
+    PreparedRun,
     RunPaths,
     completed_rounds,
     experiment_run_dir,
     final_model,
     load_experiment_dataset,
     prepare_run,
-    run_compute_choice,
     run_experiment,
     split_line,
 )
@@ -210,7 +209,7 @@ def train(config: ExperimentConfig, views: RunViews, run_dir: Path, uri: str,
         run_dir = run_dir.resolve()
     tags = views.mlflow_tags(config, flow_run_id, temporary_prefect=uses_temporary_server())
     tracker = RunTracker.open(uri, views.mlflow_experiment, views.run_name(config), run_dir,
-                              params=config.flat(), tags=tags)
+                              params=views.mlflow_params(config), tags=tags)
     executor = PrefectExecutor(threads, workers, config.runner.client_tasks)
     # the runner's intra-op threads for the run; the process's own count is back once it ends
     with torch_threads(threads), mlflow_log_to(run_dir):
@@ -251,14 +250,13 @@ def train_tracked(config: ExperimentConfig, views: RunViews, run_dir: Path, part
     rounds_done_here = 0
     outcome: dict[str, Any] = {"registered": None}
 
-    def on_start(history: list[dict[str, Any]]) -> None:
-        partition = load_partition(RunPaths(run_dir).partition)
-        choice = run_compute_choice(run_dir)  # resolved by `prepare`, possibly on another worker
+    def on_start(history: list[dict[str, Any]], prepared: PreparedRun) -> None:
+        choice = prepared.compute  # resolved by `prepare`, possibly on another worker
         outcome["compute"] = choice.to_json()
-        writer.submit("log_dataset", f"{config.data.dataset} {partition.params['method']} "
-                      f"K={config.federation.num_clients} seed {config.seed}", partition.content_hash,
+        writer.submit("log_dataset", f"{config.data.dataset} {prepared.partition_method} "
+                      f"K={config.federation.num_clients} seed {config.seed}", prepared.partition_hash,
                       str(RunPaths(run_dir).partition))
-        writer.submit("set_tags", {"partition_hash": partition.content_hash, **choice.tags()})
+        writer.submit("set_tags", {"partition_hash": prepared.partition_hash, **choice.tags()})
         for line in [f"{experiment}: {compute_line(choice)}", f"{experiment}: {split_line(config)}",
                      *([f"{experiment}: resuming after round {len(history)} of {total}"] if history else [])]:
             print(line, flush=True)
