@@ -10,6 +10,7 @@ Dask LocalCluster.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,8 +22,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
+
+from fedcme_core.config import load_config
+from fedcme_core.rounds import completed_rounds, final_model
 
 from .conftest import REPO_ROOT, SYNTHETIC, USED_STORES
+from .helpers import same_state
 from .processes import kill_all, processes_with_environment, sigint_as_in_a_terminal, wait_until_none_left
 
 # `fedcme train` commands (each with its own temporary Prefect server) killed and signalled.
@@ -90,18 +96,24 @@ LAST_ROUND = f"round {ROUNDS:>4}/{ROUNDS}"
 
 
 @pytest.fixture(scope="module")
-def timeline(tmp_path_factory) -> dict[str, float]:
-    """An uninterrupted run's times (seconds from start): its last round line and its exit.
-    It leaves no process either."""
-    command = Command(tmp_path_factory.mktemp("uninterrupted"))
+def uninterrupted(tmp_path_factory) -> tuple[dict[str, float], Path]:
+    """An uninterrupted run: its times (seconds from start: its last round line and its exit) and its
+    folder. It leaves no process either."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    command = Command(folder)
     try:
         assert command.process.wait(timeout=600) == 0, command.output()
         command._reader.join(timeout=10)
         exited = time.monotonic() - command.started
         assert wait_until_none_left(command.token, timeout=10) == []
-        return {"last_round": command.line_time(LAST_ROUND), "exit": exited}
+        return {"last_round": command.line_time(LAST_ROUND), "exit": exited}, folder
     finally:
         kill_all(command.token)
+
+
+@pytest.fixture(scope="module")
+def timeline(uninterrupted) -> dict[str, float]:
+    return uninterrupted[0]
 
 
 def kill_when(command: Command, moment: str, timeline: dict[str, float], fraction: float = 0.8) -> bool:
@@ -163,9 +175,10 @@ def test_a_signal_to_the_whole_process_group_stops_train_within_seconds(tmp_path
     assert stopped_after < 20, f"{stopped_after:.1f} s to stop after the signal:\n{command.output()}"
 
 
-def test_a_killed_train_leaves_no_lock_and_the_same_command_resumes_its_run(tmp_path):
+def test_a_killed_train_leaves_no_lock_and_the_same_command_resumes_its_run_to_the_same_model(tmp_path, uninterrupted):
     # The run directory's lock is the kernel's (flock): it ends with the killed command, so the
-    # rerun takes the directory at once, with nothing to clean by hand, and resumes it.
+    # rerun takes the directory at once, with nothing to clean by hand, and resumes it: to the
+    # model of the uninterrupted run, with every round logged to MLflow once.
     command = Command(tmp_path)
     try:
         kill_when(command, "mid-round", {})
@@ -173,6 +186,7 @@ def test_a_killed_train_leaves_no_lock_and_the_same_command_resumes_its_run(tmp_
     finally:
         kill_all(command.token)
     assert (tmp_path / "runs" / ".killed.lock").is_file()  # the file stays; the lock died with its holder
+    killed_at = completed_rounds(tmp_path / "runs" / "killed")
 
     rerun = Command(tmp_path)
     try:
@@ -182,4 +196,12 @@ def test_a_killed_train_leaves_no_lock_and_the_same_command_resumes_its_run(tmp_
     finally:
         kill_all(rerun.token)
     assert status == 0, rerun.output()
-    assert rerun.saw("resuming after round") and rerun.saw(LAST_ROUND) and not rerun.saw("is in use"), rerun.output()
+    assert rerun.saw(f"resuming after round {killed_at} of {ROUNDS}") and 0 < killed_at < ROUNDS, rerun.output()
+    assert rerun.saw(LAST_ROUND) and not rerun.saw("is in use"), rerun.output()
+    config = load_config(tmp_path / "config.yaml")
+    assert same_state(final_model(config, tmp_path / "runs" / "killed"),
+                      final_model(config, uninterrupted[1] / "runs" / "killed"))
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = json.loads(rerun.lines[-1][1])["mlflow_run_id"]  # the command's summary, its last line
+    for metric in ("eval/test_accuracy", "train/loss", "time/round_seconds"):
+        assert [point.step for point in client.get_metric_history(run_id, metric)] == list(range(1, ROUNDS + 1))

@@ -42,17 +42,20 @@ def warn(message: str) -> None:
 class BusyWait:
     """How a run's writer meets a busy sqlite store: each call is tried again after a growing pause
     until it succeeds, or until `wait` seconds have passed since the store first refused (then its
-    last error is raised); one warning when the store first refuses, one when it answers again."""
+    last error is raised); one warning when the store first refuses, one when it answers again.
+    `clock` gives ``monotonic()`` and ``sleep()`` (the `time` module; a test passes its own, which
+    no other thread of the process then shares)."""
 
-    def __init__(self, uri: str, wait: float | None = None) -> None:
+    def __init__(self, uri: str, wait: float | None = None, clock: Any = time) -> None:
         self.uri = uri
         self.wait = BUSY_WAIT if wait is None else wait
+        self.clock = clock
         self.blocked_since: float | None = None  # when the first refused call began
 
     def __call__(self, action: Callable[[], T]) -> T:
         pause = 0.5
         while True:
-            started = time.monotonic()
+            started = self.clock.monotonic()
             try:
                 result = action()
             except Exception as error:
@@ -62,14 +65,15 @@ class BusyWait:
                     self.blocked_since = started
                     warn(f"MLflow store {self.uri} is busy (database is locked: another process is writing to it); "
                          f"training goes on and its tracking waits for the store, up to {self.wait:.0f} s")
-                if time.monotonic() - self.blocked_since >= self.wait:
+                if self.clock.monotonic() - self.blocked_since >= self.wait:
                     self.blocked_since = None
                     raise
-                time.sleep(pause * (1 + random.random()))
+                waited = self.clock.monotonic() - self.blocked_since  # never sleeps past the wait
+                self.clock.sleep(min(pause * (1 + random.random()), self.wait - waited))
                 pause = min(2 * pause, 8.0)
                 continue
             if self.blocked_since is not None:
-                warn(f"MLflow store {self.uri} answers again after {time.monotonic() - self.blocked_since:.0f} s; "
+                warn(f"MLflow store {self.uri} answers again after {self.clock.monotonic() - self.blocked_since:.0f} s; "
                      "the tracking held back is logged now")
                 self.blocked_since = None
             return result
