@@ -1,5 +1,5 @@
-"""MLflow tracking of a training run (with ``flows.tracking.store`` and ``flows.tracking.grid``, a grid's
-parent run, the only modules that import mlflow).
+"""MLflow tracking of a training run (the store is ``flows.tracking.store``'s, the model
+``flows.tracking.models``'s and a grid's parent run ``flows.tracking.grid``'s).
 
 One MLflow run per experiment, all in one MLflow experiment (default ``fedcme``) so the UI compares
 them (its id kept in the run directory, so a resumed experiment logs into the same run), the
@@ -7,8 +7,7 @@ flattened config as params, tags for the git commit, the partition hash and the 
 round's metrics in one ``log_batch`` call, with the round's number as the console counts it (1 for
 the first) as the step; each round's matching pairs, evaluation vectors and client failures as a JSON
 artifact ``matching/round-0001.json`` (the same number; none for a round with none of them: FedAvg's);
-the final global model through ``mlflow.pytorch.log_model``, named by the experiment
-(``flows.tracking.names.model_name``). The run directory's history is the source of truth:
+the final global model (``flows.tracking.models``). The run directory's history is the source of truth:
 :meth:`RunTracker.sync` logs exactly the rounds MLflow lacks, so a crash between a round's commit
 and its logging leaves no step missing or duplicated.
 
@@ -40,9 +39,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import mlflow
-import numpy as np
-import torch
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -51,7 +47,7 @@ from fedcme_core.results.records import RoundRecord, algorithm_section
 
 from flows.common.errors import TrackingError
 from flows.tracking.gpu_metrics import gpu_metrics_problem
-from flows.tracking.names import model_name
+from flows.tracking.models import ModelLogging
 from flows.common.shared_stores import is_busy, retry_busy
 from flows.tracking.store import experiment_named, first_line, reachable_client, reusable_run, sync_command
 
@@ -61,13 +57,10 @@ STEP_METRIC = METRIC_NAMES["test_accuracy"]  # its steps are the rounds the run 
 SUMMARY_METRICS = ("final_accuracy", "best_accuracy")  # logged once per run end, at SUMMARY_STEP
 SUMMARY_STEP = 0  # one point per run: MLflow's chart view draws a bar per run, not a dot at step T
 SUMMARY_ROUNDS_TAG = "fedcme.summary_rounds"  # the rounds the logged summary covers
-# What serving the logged model needs, stated (MLflow's own inference of it runs pip in a
-# subprocess for many seconds per run).
-PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
 MAX_PARAMS_PER_BATCH = 100
 
 
-class RunTracker:
+class RunTracker(ModelLogging):
     """The MLflow run of one experiment's run directory."""
 
     def __init__(self, client: MlflowClient, uri: str, run_id: str, run_dir: Path) -> None:
@@ -189,42 +182,6 @@ class RunTracker:
         if self._guarded(f"logging round {step}", log):
             self.logged_rounds().add(step)
 
-    def log_model(self, model, input_example: np.ndarray, rounds: int) -> str | None:
-        """Log the global model after `rounds` rounds at that step, named by the run directory's
-        experiment (``flows.tracking.names.model_name``); returns its model URI.
-
-        Stored in MLflow's pickle form, so ``mlflow.pytorch.load_model`` gives the project's own
-        model class, with ``features()`` and ``classify()`` (loading it runs code from the store:
-        README, "Security"). One model per run is current: a model logged before it (a run
-        extended later) is tagged ``fedcme.current=false`` with ``fedcme.superseded_by``."""
-
-        def log() -> str:
-            mlflow.set_tracking_uri(self.uri)
-            # Its warning about the pickle form on every run says what README's "Security" says once.
-            pytorch_logger = logging.getLogger("mlflow.pytorch")
-            level = pytorch_logger.level
-            pytorch_logger.setLevel(logging.ERROR)
-            try:
-                with mlflow.start_run(run_id=self.run_id):
-                    info = mlflow.pytorch.log_model(
-                        model, name=model_name(self.run_dir.name), input_example=input_example,
-                        pip_requirements=PIP_REQUIREMENTS, serialization_format="pickle", step=rounds,
-                        tags={"fedcme.current": "true", "fedcme.rounds": rounds},
-                    )
-            finally:
-                pytorch_logger.setLevel(level)
-            experiment_id = self.client.get_run(self.run_id).info.experiment_id
-            earlier = self.client.search_logged_models(
-                [experiment_id], filter_string=f"source_run_id = '{self.run_id}'")
-            for logged in earlier:
-                if logged.model_id != info.model_id and logged.tags.get("fedcme.current") != "false":
-                    self.client.set_logged_model_tags(
-                        logged.model_id, {"fedcme.current": "false", "fedcme.superseded_by": info.model_id})
-            self.client.set_tag(self.run_id, "model_uri", info.model_uri)
-            return info.model_uri
-
-        return self._guarded("logging the model", log)
-
     def log_dataset(self, name: str, digest: str, source: str, context: str = "train") -> None:
         """The run's dataset and partition as an MLflow dataset input (the UI's "Dataset" column)."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
@@ -233,10 +190,6 @@ class RunTracker:
         tags = [InputTag("mlflow.data.context", context), InputTag("fedcme.partition_sha256", digest)]
         self._guarded("logging the dataset", lambda: self.client.log_inputs(
             self.run_id, datasets=[DatasetInput(dataset=dataset, tags=tags)]))
-
-    def logged_model_uri(self) -> str | None:
-        run = self._guarded("reading the run", lambda: self.client.get_run(self.run_id))
-        return None if run is None else run.data.tags.get("model_uri")
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self._guarded(
@@ -309,18 +262,6 @@ class RunTracker:
         if problem is not None:  # a GPU whose metrics MLflow cannot sample: one visible line
             print(problem, flush=True)
             logging.getLogger(__name__).warning(problem)
-
-    def register_model(self, name: str, model_uri: str, tags: Mapping[str, Any]) -> str | None:
-        """Register `model_uri` as a new version of the registered model `name` (created if
-        missing), with version `tags`; returns the version's number."""
-
-        def register() -> str:
-            mlflow.set_tracking_uri(self.uri)
-            mlflow.set_registry_uri(self.uri)
-            version = mlflow.register_model(model_uri, name, tags={key: str(value) for key, value in tags.items()})
-            return str(version.version)
-
-        return self._guarded(f"registering the model {name!r}", register)
 
     def experiment_id(self) -> str | None:
         run = self._guarded("reading the run", lambda: self.client.get_run(self.run_id))
