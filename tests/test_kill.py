@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -96,9 +97,9 @@ LAST_ROUND = f"round {ROUNDS:>4}/{ROUNDS}"
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> tuple[dict[str, float], Path]:
-    """An uninterrupted run: its times (seconds from start: its last round line and its exit) and its
-    folder. It leaves no process either."""
+def uninterrupted(tmp_path_factory) -> tuple[dict[str, float], Path, list[str]]:
+    """An uninterrupted run: its times (seconds from start: its last round line and its exit), its
+    folder and its output lines. It leaves no process either."""
     folder = tmp_path_factory.mktemp("uninterrupted")
     command = Command(folder)
     try:
@@ -106,7 +107,7 @@ def uninterrupted(tmp_path_factory) -> tuple[dict[str, float], Path]:
         command._reader.join(timeout=10)
         exited = time.monotonic() - command.started
         assert wait_until_none_left(command.token, timeout=10) == []
-        return {"last_round": command.line_time(LAST_ROUND), "exit": exited}, folder
+        return {"last_round": command.line_time(LAST_ROUND), "exit": exited}, folder, [line for _, line in command.lines]
     finally:
         kill_all(command.token)
 
@@ -114,6 +115,22 @@ def uninterrupted(tmp_path_factory) -> tuple[dict[str, float], Path]:
 @pytest.fixture(scope="module")
 def timeline(uninterrupted) -> dict[str, float]:
     return uninterrupted[0]
+
+
+def test_train_without_an_api_url_runs_on_its_own_server_records_its_flow_run_and_stops_it(uninterrupted):
+    _, folder, lines = uninterrupted
+
+    assert any("uses a temporary Prefect server" in line for line in lines)
+    summary = json.loads(lines[-1])
+    # The run waited for the server to store every task run before stopping it.
+    assert summary["prefect_task_runs_recorded"] == summary["prefect_task_runs"] > 0
+    # The flow run is recorded in the temporary server's database under this PREFECT_HOME.
+    with sqlite3.connect(folder / "prefect-home" / "prefect.db") as database:
+        runs = database.execute(
+            "select flow.name, flow_run.state_type from flow_run join flow on flow.id = flow_run.flow_id").fetchall()
+    assert runs == [("fedcme-train", "COMPLETED")]
+    # No process of that server is left (the fixture's check by the command's token; here by its home).
+    assert processes_with_environment(f"PREFECT_HOME={folder / 'prefect-home'}") == []
 
 
 def kill_when(command: Command, moment: str, timeline: dict[str, float], fraction: float = 0.8) -> bool:

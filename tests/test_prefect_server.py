@@ -1,13 +1,12 @@
 """Prefect's temporary server as `fedcme train` starts it itself (flows.orchestration.prefect_server), for real:
-launched before the heavy imports, used by the flow, stopped when the command ends or dies, and
-started by several commands at once on a fresh PREFECT_HOME (one sets the database up first)."""
+launched before the heavy imports, stopped when the command ends or dies (a whole `fedcme train` on
+it, its flow run recorded: tests/test_kill.py), and started by several commands at once on a fresh
+PREFECT_HOME (one sets the database up first)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -16,12 +15,11 @@ from pathlib import Path
 
 import prefect
 import pytest
-import yaml
 
 from flows.common.errors import OrchestratorError
 from flows.orchestration.prefect_server import TemporaryServer, temporary_prefect_server
 from flows.common.shared_stores import FirstUse
-from .conftest import REPO_ROOT, SYNTHETIC, USED_STORES
+from .conftest import REPO_ROOT
 from .processes import children, is_gone, processes_with_environment
 
 
@@ -29,35 +27,6 @@ def environment_without_api(prefect_home: Path) -> dict[str, str]:
     environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
     environment.update(PREFECT_HOME=str(prefect_home), PYTHONPATH=str(REPO_ROOT))
     return environment
-
-
-@pytest.mark.slow
-def test_train_without_an_api_url_runs_on_its_own_server_and_stops_it(tmp_path):
-    home = tmp_path / "prefect-home"
-    config = tmp_path / "tiny.yaml"
-    values = {**SYNTHETIC, "federation": {"num_clients": 4, "clients_per_round": 2, "rounds": 1}}
-    config.write_text(yaml.safe_dump(values))
-    USED_STORES.seed(prefect_home=home, mlflow_db=tmp_path / "mlflow.db")  # set up as by an earlier command
-    command = [sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--experiment", "own-server",
-               "--runs-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
-    result = subprocess.run(command, cwd=tmp_path, env=environment_without_api(home), capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "uses a temporary Prefect server" in result.stdout
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
-    # The run waited for the server to store every task run before stopping it.
-    assert summary["prefect_task_runs_recorded"] == summary["prefect_task_runs"] > 0
-    # The flow run is recorded in the temporary server's database under this PREFECT_HOME.
-    with sqlite3.connect(home / "prefect.db") as database:
-        runs = database.execute(
-            "select flow.name, flow_run.state_type from flow_run join flow on flow.id = flow_run.flow_id"
-        ).fetchall()
-    assert runs == [("fedcme-train", "COMPLETED")]
-    # No process of that server is left.
-    deadline = time.monotonic() + 10
-    while processes_with_environment(f"PREFECT_HOME={home}") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert processes_with_environment(f"PREFECT_HOME={home}") == []
 
 
 @pytest.mark.slow
