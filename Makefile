@@ -58,9 +58,9 @@ test-quick: install
 	$(PYTEST) -m "not slow"
 
 # The grid's experiments (git commits, `dvc exp run`s) side by side in a terminal: one column per
-# method (reports/summary/<method>.json: mean final accuracy, shown in %) and only the params that
-# differ; a commit without results (reports/ is not committed) is left out with one line saying so
-# (flows/report/compare.py runs `dvc exp show --csv` and prints the table).
+# method, headed by its label (reports/summary/<method>.json: mean final accuracy, shown in %), and
+# only the params that differ; a commit without results (reports/ is not committed) is left out
+# with one line saying so (flows/report/compare.py runs `dvc exp show --csv` and prints the table).
 compare:
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m flows.report.compare compare
 

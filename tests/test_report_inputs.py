@@ -5,17 +5,19 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 
 from fedcme_core.results.metrics import with_content_hash
 from flows.report.build import write_report
 from flows.report.inputs import load_metrics
-from flows.report.compare import compare_table, curve_tables, summary_metrics
+from flows.report.compare import compare_table, curve_tables, dependency_filter, method_labels, summary_metrics
 from flows.report.published import published_table
 from flows.report.seed_stats import summary_csv
 from fedcme_core.config.sections import PublishedFigure
 
+from .conftest import REPO_ROOT
 from .report_helpers import LOW, grid_entries, metrics_entry, table_row, write_metrics_folder
 
 
@@ -123,15 +125,42 @@ exp-1a2b3,1a2b3c4,2026-12-05T21:00:00,0.69,0.7,16
 
 
 def test_make_compare_shows_each_method_in_percent_and_says_why_a_commit_has_no_row():
-    lines = compare_table(COMPARE_CSV).splitlines()
+    lines = compare_table(COMPARE_CSV, {"fedavg": "FedAvg", "fedcme-mu001": "FedCME(0.01)"}).splitlines()
 
     assert lines[0].startswith("Not shown: main: no results in that commit (reports/ is not committed")
-    assert lines[1].split() == ["Experiment", "Created", "fedavg", "(%)", "fedcme-mu001", "(%)",
+    assert lines[1].split() == ["Experiment", "Created", "FedAvg", "(%)", "FedCME(0.01)", "(%)",
                                 "base.training.batch_size"]
     assert lines[2].split() == ["workspace", "-", "70.12", "71.23", "32"]
     assert lines[3].split() == ["exp-1a2b3", "2026-12-05", "21:00", "69.00", "70.00", "16"]
     assert len(lines) == 4
 
+
+
+def test_make_compare_heads_a_method_by_its_label_and_a_method_the_grid_file_lacks_by_its_key():
+    header = compare_table(COMPARE_CSV, {"fedavg": "FedAvg"}).splitlines()[1]
+
+    assert header.split()[2:6] == ["FedAvg", "(%)", "fedcme-mu001", "(%)"]
+
+
+
+def test_make_compare_drops_the_columns_that_name_a_top_level_file_or_folder_a_dependency(tmp_path):
+    (tmp_path / "tuning").mkdir()
+    (tmp_path / "dvc.yaml").write_text("")
+    drop, pattern = dependency_filter(tmp_path)
+
+    assert drop == "--drop" and pattern == r"^(dvc\.yaml|tuning)$"
+    assert [name for name in ("tuning", "dvc.yaml", "base.training.batch_size", "tuning.rounds")
+            if re.match(pattern, name)] == ["tuning", "dvc.yaml"]
+
+def test_method_labels_are_the_grid_files_labels_else_the_algorithms_display_name(tmp_path):
+    smoke = (REPO_ROOT / "configs" / "params-smoke.yaml").read_text(encoding="utf-8")
+    unlabelled = smoke.replace("{name: fedcme, mu: 0.01, label: FedCME(0.01)}", "{name: fedcme, mu: 0.01}")
+    assert unlabelled != smoke
+    (tmp_path / "params.yaml").write_text(unlabelled, encoding="utf-8")
+
+    assert method_labels(tmp_path / "params.yaml") == {
+        "fedavg": "FedAvg", "fedcme-mu001": "FedCME(0.01)", "scaffold": "SCAFFOLD",
+        "fedcme-no-exchange": "FedCME w/o exchange"}
 
 def test_the_overlay_tables_give_each_setting_every_method_per_round_in_percent(tmp_path):
     entries = grid_entries() + [metrics_entry("f-noexchange-low-s0", "FedCME w/o exchange", LOW, 0.5,

@@ -172,7 +172,8 @@ def run_against_prefect(action: Callable[[Callable[[], None]], T], purpose: str)
         def ready() -> None:
             if server is not None:
                 print(f"Prefect: no PREFECT_API_URL set, so {purpose} uses a temporary Prefect server "
-                      "(records kept in $PREFECT_HOME/prefect.db; see the README for the UI)", flush=True)
+                      "(records kept in $PREFECT_HOME/prefect.db; its UI: docs/orchestration.md, "
+                      "\"Prefect's UI and schedules\")", flush=True)
                 server.wait_ready(startup_timeout())
 
         return action(ready)

@@ -6,9 +6,10 @@
   files, with the same keys: `dvc metrics show` lists them as rows under the experiments' rows, in
   the same few columns, so its table fits a terminal.
 - :func:`compare_table` (``python -m flows.report.compare compare``, what `make compare` runs): `dvc exp
-  show`'s rows (the workspace, commits, `dvc exp run`s), one column per method (mean final accuracy,
-  %, for people) and the params that differ; a row without results (a commit: reports/ is not
-  committed) is left out, with one line saying so.
+  show`'s rows (the workspace, commits, `dvc exp run`s), one column per method headed by its label
+  (``FedCME(0.01) (%)``: :func:`method_labels`; the method's key names only its summary file), its
+  mean final accuracy in %, and the params that differ; a row without results (a commit: reports/ is
+  not committed) is left out, with one line saying so.
 - :func:`curve_tables` -> ``reports/curves/<setting>.csv`` (and ``<setting>-ablation.csv``): per
   round and method the test accuracy (%) as the mean over seeds with its min and max, and the setting
   in words (the chart's title: "FMNIST α=1.0 K=10 M=10"), the data of
@@ -60,10 +61,29 @@ def summary_metrics(entries: Sequence[Mapping[str, Any]]) -> dict[str, dict[str,
     return summary
 
 
-def compare_table(exp_show_csv: str) -> str:
+def dependency_filter(root: str | Path = ".") -> list[str]:
+    """`dvc exp show` arguments that drop the columns naming a top-level file or folder of the checkout at
+    `root` (``fedcme_core``, ``metrics``, ``tuning``: a stage's dependencies, each a hash, not a param;
+    COMPARE_FILTERS drops the nested ones by their slash)."""
+    names = sorted(path.name for path in Path(root).iterdir())
+    return ["--drop", "^(" + "|".join(re.escape(name) for name in names) + ")$"] if names else []
+
+
+def method_labels(params_path: str | Path = "params.yaml") -> dict[str, str]:
+    """{method key: label} of the grid file's methods: ``methods.<key>.label``, else the algorithm's display
+    name and label parameter (``FedCME(0.01)``), as the report and the MLflow runs name the method.
+    Raises ConfigError (one line naming the file and key) for a file that is not a valid params file."""
+    from fedcme_core.config.params import load_params
+
+    methods = load_params(params_path, cells=False).methods
+    return {key: entry.label or entry.algorithm.label() for key, entry in methods.items()}
+
+
+def compare_table(exp_show_csv: str, labels: Mapping[str, str] | None = None) -> str:
     """`dvc exp show --csv`'s text (with COMPARE_FILTERS) as a terminal table: the row's name, when it was
-    created, each method's mean final accuracy in percent and the params that differ. Rows with no
-    results are left out; a line before the table names them and says why."""
+    created, each method's mean final accuracy in percent, headed ``<label> (%)`` (`labels`: {method key:
+    label}; a key it lacks, a method the grid file no longer has, heads its column itself) and the params
+    that differ. Rows with no results are left out; a line before the table names them and says why."""
     rows = list(csv.DictReader(io.StringIO(exp_show_csv)))
     columns = list(rows[0]) if rows else []
     methods = {column: match["method"] for column in columns if (match := SUMMARY_COLUMN.match(column))}
@@ -75,7 +95,8 @@ def compare_table(exp_show_csv: str) -> str:
         except ValueError:
             return None
 
-    header = ["Experiment", "Created", *(f"{name} (%)" for name in methods.values()), *params]
+    labels = labels or {}
+    header = ["Experiment", "Created", *(f"{labels.get(key, key)} (%)" for key in methods.values()), *params]
     table, empty = [], []
     for row in rows:
         name = row.get("Experiment") or row.get("rev") or ""
@@ -123,17 +144,26 @@ def curve_tables(entries: Sequence[Mapping[str, Any]], csv_directory: Path) -> d
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m flows.report.compare compare [DVC EXP SHOW ARGUMENTS]`: the `make compare` table."""
+    """`python -m flows.report.compare compare [DVC EXP SHOW ARGUMENTS]`: the `make compare` table, its
+    methods labelled as params.yaml labels them."""
+    from fedcme_core.config.files import ConfigError
+
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] != ["compare"]:
         print("usage: python -m flows.report.compare compare [dvc exp show arguments ...]", file=sys.stderr)
         return 2
-    shown = subprocess.run(["dvc", "exp", "show", "--no-pager", "--csv", *COMPARE_FILTERS, *arguments[1:]],
+    try:
+        labels = method_labels()
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    shown = subprocess.run(["dvc", "exp", "show", "--no-pager", "--csv", *COMPARE_FILTERS, *dependency_filter(),
+                            *arguments[1:]],
                            capture_output=True, text=True)
     if shown.returncode != 0:
         print(shown.stderr, end="", file=sys.stderr)
         return shown.returncode
-    print(compare_table(shown.stdout), end="")
+    print(compare_table(shown.stdout, labels), end="")
     return 0
 
 
