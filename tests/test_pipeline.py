@@ -285,8 +285,9 @@ def test_make_compare_fits_a_terminal(pipeline):
     # The commit has no results (reports/ is not committed): one line says so instead of a row of "!".
     assert re.match(r"Not shown: (master|main): no results in that commit", lines[0]), shown
     header = lines[1].split()
-    assert header == ["Experiment", "Created", "fedavg", "(%)", "fedcme-mu001", "(%)", "fedcme-no-exchange", "(%)",
-                      "scaffold", "(%)", "base.training.batch_size"], shown
+    # Each method headed by its label (params.yaml's methods.<key>.label), as the report and MLflow name it.
+    assert header == ["Experiment", "Created", "FedAvg", "(%)", "FedCME(0.01)", "(%)", "FedCME", "w/o", "exchange", "(%)",
+                      "SCAFFOLD", "(%)", "base.training.batch_size"], shown
     assert lines[2].split()[0] == "workspace" and len(lines) == 3, shown
     assert "!" not in shown and max(len(line) for line in lines) <= width, shown
 

@@ -26,7 +26,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from fedcme_core.config.schema import ExperimentConfig, PartitionConfig, config_from_dict, format_validation_error
 from fedcme_core.config.files import ConfigError, apply_overrides, read_yaml
 from fedcme_core.config.sections import (
-    AblationSection, Dataset, DatasetEntry, GridSection, MethodEntry, ReportSection, Section,
+    AblationSection, Dataset, DatasetEntry, GridSection, MethodEntry, ReportSection, Section, TuneSection,
 )
 from fedcme_core.config.partition_tags import check_tag_for_method, partition_overrides
 
@@ -40,6 +40,7 @@ class ParamsFile(Section):
     grid: GridSection
     ablation: AblationSection | None = None
     report: ReportSection = ReportSection()
+    tune: TuneSection | None = None  # opt-in: no tune section, no tuning (the default grid)
     _cells: dict[tuple, ExperimentConfig] = PrivateAttr(default_factory=dict)  # the validated cell configs
 
     @model_validator(mode="after")
@@ -67,6 +68,14 @@ class ParamsFile(Section):
                 raise ValueError(f"report.published.{index}: no grid or ablation run of {figure.method} in "
                                  f"{figure.dataset} {figure.partition} K={figure.clients[0]} M={figure.clients[1]} "
                                  "to set beside it")
+        if self.base.data.validation_fraction or self.base.data.evaluate_on != "test":
+            raise ValueError("base.data.validation_fraction: the grid's train stages train on the whole training "
+                             "set; hold out a validation set for tuning in tune.validation_fraction")
+        if self.tune is not None:
+            unknown = [method for method in self.tune.methods if method not in self.grid.methods]
+            if unknown:
+                raise ValueError(f"tune.methods: {', '.join(unknown)} not in grid.methods (the grid's methods are "
+                                 "tuned; ablations train with their own values)")
         dotted = [name for name in self.methods if "." in name]
         if dotted:
             raise ValueError(f"methods: names must not contain dots (DVC params paths), got {', '.join(dotted)}")
@@ -119,6 +128,30 @@ class ParamsFile(Section):
             return config
         return config.model_copy(update={"data": config.data.model_copy(update={"prepared_dir": prepared_dir})})
 
+    def tune_cell(self, method: str) -> tuple[str, str, str, int, int, int]:
+        """The cell a method's candidates train on: the grid's first setting, with the tune section's seed."""
+        grid, tune = self.grid, self.tune
+        if tune is None or method not in tune.methods:
+            raise ConfigError(f"tune.methods.{method}: not defined (tuned: "
+                              f"{', '.join(tune.methods) if tune is not None else 'none, no tune section'})")
+        return method, grid.datasets[0], grid.partitions[0], *grid.clients[0], tune.seed
+
+    def tune_candidates(self, method: str) -> list[dict[str, Any]]:
+        """The candidates of `method`, each a dict of dotted overrides, in order (the choice's tie order)."""
+        self.tune_cell(method)
+        return self.tune.candidates(method)
+
+    def tune_config(self, method: str, candidate: Mapping[str, Any], prepared_dir: str | None = None,
+                    source: str = "params") -> ExperimentConfig:
+        """The config of one candidate's tuning run: its cell (:meth:`tune_cell`) for ``tune.rounds``
+        rounds with the candidate's values, holding out ``tune.validation_fraction`` and evaluating on it
+        (``data.evaluate_on: validation``: the run never reads the test set)."""
+        cell, tune = self.tune_cell(method), self.tune
+        overrides = {**self.cell_overrides(*cell, prepared_dir=prepared_dir), "federation.rounds": tune.rounds,
+                     "data.validation_fraction": tune.validation_fraction, "data.evaluate_on": "validation",
+                     **candidate}
+        return config_from_dict(apply_overrides(self.raw_base, overrides), source=f"{source} [tune {method}]")
+
     def all_cells(self) -> Iterator[tuple[str, str, str, int, int, int]]:
         yield from self.grid.cells()
         if self.ablation is not None:
@@ -137,8 +170,8 @@ def is_params_file(values: Any) -> bool:
 
 
 def _format_params_location(error: ValidationError, source: str) -> str:
-    # methods.<name>.algorithm.mu -> methods.<name>.mu: the file has no `algorithm` level there.
-    return re.sub(r"(methods\.[^.:;\s]+)\.algorithm\b", r"\1", format_validation_error(error, source))
+    # methods.<name>.algorithm.mu -> methods.<name>.mu: the file has no `algorithm` level there (tune.methods has).
+    return re.sub(r"(?<!tune\.)(methods\.[^.:;\s]+)\.algorithm\b", r"\1", format_validation_error(error, source))
 
 
 def params_from_dict(values: Any, source: str = "params", cells: bool = True) -> ParamsFile:
@@ -154,6 +187,9 @@ def params_from_dict(values: Any, source: str = "params", cells: bool = True) ->
         method, dataset, partition, clients, per_round, seed = cell
         params.cell_config(*cell, source=f"{source} [grid cell {method} {dataset} {partition} "
                                          f"K={clients} M={per_round} seed={seed}]")
+    for method in params.tune.methods if cells and params.tune is not None else ():
+        for candidate in params.tune_candidates(method):
+            params.tune_config(method, candidate, source=source)
     return params
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_serializer, model_validator
 
 from fedcme_core.algorithms import ALGORITHM_CONFIGS, ALGORITHM_NAMES, DEFAULT_ALGORITHM, AlgorithmConfig
 from fedcme_core.config.data_sources import DatasetName, ModelName, check_data_model, data_input_shape, data_num_classes
@@ -53,6 +53,25 @@ class DataConfig(Frozen):
     # keeps the images in [0, 1], as NIID-Bench feeds CIFAR-10 (its get_dataloader has no Normalize).
     normalise: Literal["channel", "none"] = "channel"
     synthetic: SyntheticConfig = SyntheticConfig()
+    # A stratified, seeded part of the training set held out before partitioning (no client trains on
+    # it; fedcme_core/data/validation.py), and what the run evaluates on: "validation" (a tuning run)
+    # replaces the test set with it. Left out of config.json at their defaults (0, test): older runs match.
+    validation_fraction: float = Field(0.0, ge=0, lt=1)
+    evaluate_on: Literal["test", "validation"] = "test"
+
+    @model_validator(mode="after")
+    def _validation_to_evaluate_on(self) -> DataConfig:
+        if self.evaluate_on == "validation" and self.validation_fraction == 0:
+            raise ValueError("evaluate_on: validation needs a data.validation_fraction above 0")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_default_holdout(self, handler) -> dict[str, Any]:
+        values = handler(self)
+        for key, default in (("validation_fraction", 0.0), ("evaluate_on", "test")):
+            if values.get(key) == default:
+                values.pop(key)
+        return values
 
 
 class PartitionConfig(Frozen):

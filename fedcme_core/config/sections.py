@@ -154,6 +154,53 @@ class AblationSection(GridSection):
     methods: list[str] = Field(default_factory=list)
 
 
+def _tune_key_problem(key: str, value: Any) -> str | None:
+    """Why `key` may not be a tuned parameter, or None when it may (a method's algorithm keys may)."""
+    if _under(key, ("algorithm.name",)):
+        return "the method's algorithm; tune its options (algorithm.mu), not which algorithm it is"
+    if _under(key, ("data", "federation.rounds", "tracking", "runner")):
+        return "not a hyper-parameter; the tune section sets the data and the rounds of its runs"
+    if _under(key, ("algorithm",)):
+        return _setup_key_problem(key.removeprefix("algorithm."), value)
+    return _setup_key_problem(key, value)
+
+
+class TuneSection(Section):
+    """`tune`: per method (a key of `methods`), the candidate values of dotted config paths
+    (``{training.lr: [0.005, 0.01, 0.05], algorithm.mu: [0.01, 0.1]}``: every combination is a
+    candidate), trained for `rounds` rounds with seed `seed` on the grid's first setting, with
+    `validation_fraction` of the training set held out and evaluated on in place of the test set.
+    The DVC `tune` stage picks each method's candidate by validation accuracy
+    (:func:`fedcme_core.results.tuning.choose`); the method's train stages apply it."""
+
+    rounds: int = Field(ge=1)
+    seed: int = Field(ge=0)  # each key given (dvc.yaml's tune stage lists them)
+    validation_fraction: float = Field(gt=0, lt=1)
+    methods: dict[str, dict[str, list[Any]]] = Field(min_length=1)
+
+    @field_validator("methods")
+    @classmethod
+    def _candidate_paths(cls, methods: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, list[Any]]]:
+        for method, candidates in methods.items():
+            if not candidates:
+                raise ValueError(f"{method}: no candidates; give {{path: [values]}} (training.lr: [0.005, 0.01])")
+            for key, values in candidates.items():
+                problem = _tune_key_problem(key, values[0] if values else None)
+                if problem is not None:
+                    raise ValueError(f"{method}.{key}: {problem}")
+                if not values:
+                    raise ValueError(f"{method}.{key}: no values")
+                if len(set(map(repr, values))) != len(values):
+                    raise ValueError(f"{method}.{key}: a value given twice in {values}")
+        return methods
+
+    def candidates(self, method: str) -> list[dict[str, Any]]:
+        """Every combination of `method`'s values, in the order of their product as written (the first path
+        varies slowest): {a: [1, 2], b: [3]} -> [{a: 1, b: 3}, {a: 2, b: 3}]."""
+        paths = self.methods[method]
+        return [dict(zip(paths, values)) for values in itertools.product(*paths.values())]
+
+
 PUBLISHED_MEASURES = ("final_accuracy", "accuracy_at_2T5", "best_accuracy")  # columns of docs/results/<grid>.csv
 
 

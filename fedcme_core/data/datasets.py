@@ -25,6 +25,7 @@ from fedcme_core.data.catalog import (
 from fedcme_core.data.catalog.official import CIFAR10_MEAN, CIFAR10_STD, FMNIST_MEAN, FMNIST_STD  # noqa: F401
 from fedcme_core.data.prepared import prepared_meta, read_prepared, subset_rows, subset_seed
 from fedcme_core.data.sources import DataError
+from fedcme_core.data.validation import validation_split
 
 # Torch only when a dataset is built: the partition stage reads labels (fedcme_core.data.prepared).
 torch = lazy_module("torch")
@@ -158,11 +159,34 @@ def subset(dataset: Dataset, *, train: int | None, test: int | None, seed: int) 
     return dataclasses.replace(dataset, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
 
 
-def experiment_subset(dataset: Dataset, train: int | None, test: int | None, seed: int) -> Dataset:
-    """The seeded train/test subsets of an experiment (``data.train_subset``, ``data.test_subset``)."""
-    if train is None and test is None:
+def experiment_subset(dataset: Dataset, train: int | None, test: int | None, seed: int,
+                      validation_fraction: float = 0.0, evaluate_on: str = "test") -> Dataset:
+    """The seeded train/test subsets of an experiment (``data.train_subset``, ``data.test_subset``),
+    then its validation hold-out (``data.validation_fraction``, ``data.evaluate_on``:
+    :func:`hold_out_validation`)."""
+    if train is not None or test is not None:
+        dataset = subset(dataset, train=train, test=test, seed=subset_seed(seed))
+    return hold_out_validation(dataset, validation_fraction, seed, evaluate_on)
+
+
+def hold_out_validation(dataset: Dataset, fraction: float, seed: int, evaluate_on: str = "test") -> Dataset:
+    """`dataset` without its validation rows (:func:`fedcme_core.data.validation.validation_split` of
+    y_train with `fraction` and `seed`) in the training split, so no partition holds them; with
+    `evaluate_on` "validation" (a tuning run) the validation rows take the test split's place, and
+    the test arrays are dropped: whatever evaluates the run reads the validation set, never the test
+    set. `fraction` 0 returns `dataset` itself."""
+    if evaluate_on not in ("test", "validation"):
+        raise DataError(f"data.evaluate_on: {evaluate_on!r} must be test or validation")
+    if fraction == 0:
+        if evaluate_on == "validation":
+            raise DataError("data.evaluate_on: validation needs a data.validation_fraction above 0")
         return dataset
-    return subset(dataset, train=train, test=test, seed=subset_seed(seed))
+    train_rows, validation_rows = (torch.from_numpy(rows) for rows in
+                                   validation_split(dataset.y_train.numpy(), fraction, seed))
+    held_x, held_y = dataset.x_train[validation_rows].contiguous(), dataset.y_train[validation_rows].contiguous()
+    x_test, y_test = (held_x, held_y) if evaluate_on == "validation" else (dataset.x_test, dataset.y_test)
+    return dataclasses.replace(dataset, x_train=dataset.x_train[train_rows].contiguous(),
+                               y_train=dataset.y_train[train_rows].contiguous(), x_test=x_test, y_test=y_test)
 
 
 def _subset_split(

@@ -56,7 +56,8 @@ def load_experiment_dataset(data_config, seed: int) -> data_module.Dataset:
             ),
             normalise=normalise,
         )
-    return data_module.experiment_subset(dataset, data_config.train_subset, data_config.test_subset, seed)
+    return data_module.experiment_subset(dataset, data_config.train_subset, data_config.test_subset, seed,
+                                         data_config.validation_fraction, data_config.evaluate_on)
 
 
 def run_partition(config: ExperimentConfig, run_dir: str | Path) -> tuple[Partition, np.ndarray]:

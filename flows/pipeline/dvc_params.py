@@ -42,13 +42,17 @@ def _substitute(text: str, context: Mapping[str, Any]) -> str:
     return _REFERENCE.sub(value, text)
 
 
-def _matrix_items(matrix: Mapping[str, Any], params: Mapping[str, Any], needed: list[str]) -> Iterator[dict]:
+def _matrix_items(matrix: Mapping[str, Any], params: Mapping[str, Any], needed: list[str],
+                  defaults: Mapping[str, Any]) -> Iterator[dict]:
     columns: dict[str, list] = {}
     for key, source in matrix.items():
         if isinstance(source, str) and (reference := _REFERENCE.fullmatch(source.strip())):
-            needed.append(reference.group(1))
             source = lookup(params, reference.group(1))
-        columns[key] = source if isinstance(source, list) else []
+            if source is _MISSING and lookup(defaults, reference.group(1)) is not _MISSING:
+                source = lookup(defaults, reference.group(1))  # dvc.yaml's `vars` default (tune.methods: {})
+            else:
+                needed.append(reference.group(1))
+        columns[key] = list(source) if isinstance(source, (list, Mapping)) else []  # a mapping: its keys
     for values in itertools.product(*columns.values()):
         yield dict(zip(columns, values))
 
@@ -65,10 +69,12 @@ def _stage_params(stage: Mapping[str, Any]) -> Iterator[str]:
 def needed_params(dvc_yaml: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
     """Every params path the stages of `dvc_yaml` read from `params`, matrix sources included."""
     needed: list[str] = []
+    defaults = {key: value for entry in dvc_yaml.get("vars") or [] if isinstance(entry, Mapping)
+                for key, value in entry.items()}
     for stage in (dvc_yaml.get("stages") or {}).values():
-        items = list(_matrix_items(stage["matrix"], params, needed)) if "matrix" in stage else [{}]
+        items = list(_matrix_items(stage["matrix"], params, needed, defaults)) if "matrix" in stage else [{}]
         for item, path in itertools.product(items, _stage_params(stage)):
-            needed.append(_substitute(path, {"item": item}))
+            needed.append(_substitute(path, {**params, "item": item}))
     return list(dict.fromkeys(needed))
 
 

@@ -1,7 +1,9 @@
-"""The DVC stages of the experiment pipeline (``dvc.yaml``): prepare, partition, train.
+"""The DVC stages of the experiment pipeline (``dvc.yaml``): prepare, partition, tune (:mod:`flows.pipeline.tune`),
+train; a train stage of a method the params file's ``tune:`` section names trains with its tuning's choice.
 
     python -m flows.pipeline.stages prepare   --dataset fmnist
     python -m flows.pipeline.stages partition --dataset fmnist --partition a0.1 --clients 50 --seed 0
+    python -m flows.pipeline.stages tune      --method fedprox-mu001
     python -m flows.pipeline.stages train     --method fedcme-mu001 --dataset fmnist --partition a0.1 \\
                                      --clients 50 --per-round 20 --seed 0
 
@@ -41,6 +43,7 @@ from fedcme_core.data.partition_file import make_partition, save_partition
 from fedcme_core.data.sources import resolve_mirror
 from fedcme_core.results.metrics import history_csv, split_summary, summarize, with_content_hash
 
+from flows.pipeline import tune as tuning
 from flows.tracking.names import experiment_name, partition_name
 
 # Only the train stage needs torch and the round loop: prepare and partition write numpy arrays and
@@ -172,6 +175,7 @@ def train_cell(arguments: argparse.Namespace, params: ParamsFile, run_training) 
             arguments.seed)
     experiment = experiment_name(*cell)
     config = params.cell_config(*cell, prepared_dir=str(prepared_dir(arguments.dataset)), source=arguments.params)
+    config = tuning.apply_choice(config, tuning.read_choice(params, arguments.method), source=arguments.params)
     run_dir = Path(arguments.runs_dir) / experiment
     partition_file = Path("data/partitions") / partition_name(
         arguments.dataset, arguments.partition, arguments.clients, arguments.seed
@@ -248,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument("--per-round", type=int, required=True)
     train_parser.add_argument("--runs-dir", default="runs")
     train_parser.set_defaults(handler=train)
+    tune_parser = stages.add_parser("tune")  # flows/pipeline/tune.py
+    tune_parser.add_argument("--method", required=True)
+    tune_parser.add_argument("--runs-dir", default="runs")
+    tune_parser.set_defaults(handler=tuning.stage)
     return parser
 
 

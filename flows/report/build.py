@@ -44,6 +44,7 @@ from flows.report.tables import (
     unique_in_order,
     where_fedcme_does_not_win,
 )
+from flows.report.tuning import add_tuning_section
 from flows.report.seed_stats import REFERENCE_METHOD, config_columns, summary_csv
 from flows.tracking.names import experiment_name
 
@@ -275,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      published=published_figures(params) if params else (),
                      methods=params.methods if params else None,
                      configs=cell_columns(params) if params else None)
+        if params is not None:
+            add_tuning_section(params, arguments.markdown, arguments.png)  # a grid with a tune: section only
     except ValueError as error:  # a ConfigError too
         parser.exit(2, f"error: {error}\n")
     print(f"wrote {arguments.markdown} and {arguments.png}" + (f" and {arguments.csv}" if arguments.csv else ""))
