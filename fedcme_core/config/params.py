@@ -23,7 +23,8 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
-from fedcme_core.config.schema import ExperimentConfig, PartitionConfig, config_from_dict, format_validation_error
+from fedcme_core.config.messages import format_validation_error
+from fedcme_core.config.schema import ExperimentConfig, PartitionConfig, config_from_dict
 from fedcme_core.config.files import ConfigError, apply_overrides, read_yaml
 from fedcme_core.config.sections import (
     AblationSection, Dataset, DatasetEntry, GridSection, MethodEntry, ReportSection, Section, TuneSection,

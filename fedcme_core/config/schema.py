@@ -10,17 +10,17 @@ Every bad value is reported as one line naming the key and the reason (:class:`C
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_serializer, model_validator
 
-from fedcme_core.algorithms import ALGORITHM_CONFIGS, ALGORITHM_NAMES, DEFAULT_ALGORITHM, AlgorithmConfig
+from fedcme_core.algorithms import DEFAULT_ALGORITHM, AlgorithmConfig
 from fedcme_core.config.data_sources import DatasetName, ModelName, check_data_model, data_input_shape, data_num_classes
 from fedcme_core.common.frozen import Frozen
 from fedcme_core.config.files import ConfigError, apply_overrides, read_yaml
+from fedcme_core.config.messages import format_validation_error
 
 
 class SyntheticConfig(Frozen):
@@ -260,48 +260,6 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[dotted] = value
     return flat
-
-
-def _format_location(location: tuple) -> str:
-    # Discriminated unions put the tag in the path: ("algorithm", "fedprox", "mu") -> algorithm.mu
-    parts = [str(part) for part in location]
-    parts = [part for index, part in enumerate(parts)
-             if not (index > 0 and parts[index - 1] == "algorithm" and part in ALGORITHM_NAMES)]
-    # A plain union puts the member's type in the path: training.channels_last.bool -> training.channels_last
-    return ".".join(part for part in parts if not re.fullmatch(r"bool|int|float|str|literal\[.*\]", part))
-
-
-def _unknown_key_message(location: tuple) -> str:
-    """"unknown key", or for an algorithm's key that belongs to another algorithm (align_loss under
-    fedavg) which algorithms read it."""
-    if len(location) == 3 and location[0] == "algorithm" and location[1] in ALGORITHM_NAMES:
-        owners = [cls.model_fields["name"].default for cls in ALGORITHM_CONFIGS if location[2] in cls.model_fields]
-        if owners:
-            return f"not an option of {location[1]} (it is read by {', '.join(owners)} only)"
-    return "unknown key"
-
-
-def format_validation_error(error: ValidationError, source: str) -> str:
-    """One line: `source: key: reason; key: reason`."""
-    messages = []
-    for detail in error.errors(include_url=False):
-        message = detail["msg"].removeprefix("Value error, ")
-        location = _format_location(detail["loc"])
-        if detail["type"] == "extra_forbidden":
-            message = _unknown_key_message(detail["loc"])
-        elif detail["type"] == "missing":
-            message = "missing"
-        elif detail["type"] == "union_tag_invalid":
-            message = f"unknown algorithm {detail['input'].get('name')!r}; choose one of {', '.join(ALGORITHM_NAMES)}"
-            location = f"{location}.name"
-        elif detail["type"] == "union_tag_not_found":
-            location, message = f"{location}.name", "missing; choose one of " + ", ".join(ALGORITHM_NAMES)
-        if location and re.match(r"[A-Za-z_][\w.]*: ", message):  # a section's validator names its own key
-            message = f"{location}.{message}"
-        elif location and not message.startswith(location):
-            message = f"{location}: {message}"
-        messages.append(message)
-    return f"{source}: " + "; ".join(messages)
 
 
 def config_from_dict(values: Mapping[str, Any], source: str = "config") -> ExperimentConfig:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedcme_core.config.files import ConfigError, read_yaml
 from fedcme_core.config.params import ParamsFile, load_params
 from fedcme_core.config.partition_tags import parse_partition_tag
-from fedcme_core.config.schema import format_validation_error
+from fedcme_core.config.messages import format_validation_error
 from fedcme_core.config.sections import GRID_NAME_PATTERN, other_grid_file
 
 # A field's marks: a factor's role that defaults to the references' method, and the grid of the
