@@ -171,12 +171,14 @@ class TuneSection(Section):
     candidate), trained for `rounds` rounds with seed `seed` on the grid's first setting, with
     `validation_fraction` of the training set held out and evaluated on in place of the test set.
     The DVC `tune` stage picks each method's candidate by validation accuracy
-    (:func:`fedcme_core.results.tuning.choose`); the method's train stages apply it."""
+    (:func:`fedcme_core.results.tuning.choose`); the method's train stages apply it. `methods: {}`
+    tunes nothing and makes no tune stage: the shipped grid files' section, which holds every params
+    path dvc.yaml's tune stage names."""
 
     rounds: int = Field(ge=1)
     seed: int = Field(ge=0)  # each key given (dvc.yaml's tune stage lists them)
     validation_fraction: float = Field(gt=0, lt=1)
-    methods: dict[str, dict[str, list[Any]]] = Field(min_length=1)
+    methods: dict[str, dict[str, list[Any]]]
 
     @field_validator("methods")
     @classmethod
